@@ -1,0 +1,2 @@
+"""Your implementations. Each module holds stubs that raise NotImplementedError; fill
+them in and run the matching test, e.g. ``pytest tests/test_ex01_naive_attention.py``."""

@@ -1,0 +1,52 @@
+"""flashlab: FlashAttention built step by step, from einsum to Triton.
+
+The package the FlashLab course builds. Public API so far:
+
+- `naive_attention`: attention from two einsums and a softmax.
+- `reference_attention`, `rel_error`, `max_abs_error`, `assert_close`, `TOLERANCE`:
+  the float64 ground truth and the error metrics every test uses.
+- `predict_naive_attention_memory`, `measure_peak_memory`, `largest_seq_len`:
+  the memory model of naive attention and its measurement.
+"""
+
+# runtime first: it decides compiled vs interpreted before any Triton kernel exists.
+from . import runtime  # noqa: I001
+from .checks import check_attention_inputs
+from .memory import (
+    MemoryMeasurement,
+    NaiveAttentionMemory,
+    format_bytes,
+    largest_seq_len,
+    measure_peak_memory,
+    predict_naive_attention_memory,
+)
+from .naive import causal_keep_mask, naive_attention
+from .reference import (
+    TOLERANCE,
+    assert_close,
+    max_abs_error,
+    reference_attention,
+    reference_gradients,
+    rel_error,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TOLERANCE",
+    "MemoryMeasurement",
+    "NaiveAttentionMemory",
+    "assert_close",
+    "causal_keep_mask",
+    "check_attention_inputs",
+    "format_bytes",
+    "largest_seq_len",
+    "max_abs_error",
+    "measure_peak_memory",
+    "naive_attention",
+    "predict_naive_attention_memory",
+    "reference_attention",
+    "reference_gradients",
+    "rel_error",
+    "runtime",
+]

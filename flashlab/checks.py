@@ -1,0 +1,105 @@
+"""Input validation shared by every attention implementation in flashlab.
+
+Every public attention function calls :func:`check_attention_inputs` first, so a bad
+input fails the same way everywhere: a ``ValueError`` whose message names the argument,
+says what was wrong and what to do instead. Nothing in flashlab returns silently wrong
+numbers for an input it cannot handle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _fail(argument: str, problem: str, fix: str) -> None:
+    raise ValueError(f"{argument}: {problem}. {fix}")
+
+
+def check_attention_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+) -> None:
+    """Check q, k, v (and an optional mask) against the contract of
+    ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Shapes: ``q (..., Nq, D)``, ``k (..., Nk, D)``, ``v (..., Nk, Dv)`` with identical
+    leading (batch, head) dimensions. ``attn_mask`` must broadcast to ``(..., Nq, Nk)``;
+    a boolean mask means "True takes part", a float mask is added to the scores.
+
+    Raises:
+        ValueError: naming the offending argument, the reason and the fix.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _fail(name, f"expected a torch.Tensor, got {type(t).__name__}",
+                  "Pass a tensor of shape (..., N, D).")
+        if t.dim() < 2:
+            _fail(name, f"expected at least 2 dimensions (..., N, D), got shape {tuple(t.shape)}",
+                  "Add the sequence dimension, e.g. t.unsqueeze(0).")
+        if t.dtype not in dtypes:
+            _fail(name, f"dtype {t.dtype} is not supported here",
+                  f"Use one of {', '.join(str(d) for d in dtypes)}, e.g. {name}.to(torch.float32).")
+    if not (q.dim() == k.dim() == v.dim()):
+        _fail("k", f"q, k and v must have the same rank, got q {tuple(q.shape)}, "
+              f"k {tuple(k.shape)}, v {tuple(v.shape)}",
+              "Give all three the layout (batch, heads, N, D).")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        bad = "k" if k.dtype != q.dtype else "v"
+        _fail(bad, f"dtype {(k if bad == 'k' else v).dtype} differs from q's {q.dtype}",
+              f"Cast all three to one dtype, e.g. {bad}.to(q.dtype).")
+    if k.device != q.device or v.device != q.device:
+        bad = "k" if k.device != q.device else "v"
+        _fail(bad, f"is on {(k if bad == 'k' else v).device} but q is on {q.device}",
+              f"Move all three to one device, e.g. {bad}.to(q.device).")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+        bad = "k" if q.shape[:-2] != k.shape[:-2] else "v"
+        _fail(bad, f"leading (batch, head) dimensions {tuple((k if bad == 'k' else v).shape[:-2])} "
+              f"differ from q's {tuple(q.shape[:-2])}",
+              "q, k and v must share every dimension but the last two.")
+    if k.shape[-1] != q.shape[-1]:
+        _fail("k", f"head dimension {k.shape[-1]} differs from q's {q.shape[-1]}",
+              "q and k must have the same last dimension (they are multiplied together).")
+    if v.shape[-2] != k.shape[-2]:
+        _fail("v", f"sequence length {v.shape[-2]} differs from k's {k.shape[-2]}",
+              "k and v must hold one row per key.")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-2] == 0 or t.shape[-1] == 0:
+            _fail(name, f"has an empty dimension, shape {tuple(t.shape)}",
+                  "Sequence length and head dimension must be at least 1.")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        _fail("scale", f"expected a positive number or None, got {scale!r}",
+              "Leave it as None for 1/sqrt(D).")
+    if attn_mask is not None:
+        if is_causal:
+            _fail("attn_mask", "was given together with is_causal=True",
+                  "Pass one or the other (fold the causal mask into attn_mask if you need both).")
+        if not isinstance(attn_mask, torch.Tensor):
+            _fail("attn_mask", f"expected a torch.Tensor or None, got {type(attn_mask).__name__}",
+                  "Pass a boolean (True = take part) or float (added to scores) tensor.")
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
+            _fail("attn_mask", f"dtype {attn_mask.dtype} is neither bool nor q's dtype {q.dtype}",
+                  f"Use a boolean mask or attn_mask.to({q.dtype}).")
+        if attn_mask.device != q.device:
+            _fail("attn_mask", f"is on {attn_mask.device} but q is on {q.device}",
+                  "Move it with attn_mask.to(q.device).")
+        target = (*q.shape[:-2], q.shape[-2], k.shape[-2])
+        try:
+            shape = torch.broadcast_shapes(attn_mask.shape, target)
+        except RuntimeError:
+            shape = None
+        if shape != torch.Size(target):
+            _fail("attn_mask", f"shape {tuple(attn_mask.shape)} does not broadcast to "
+                  f"(..., Nq, Nk) = {target}",
+                  "Use size 1 for dimensions the mask shares, e.g. (B, 1, 1, Nk) for key padding.")
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """The softmax temperature: ``scale`` if given, else ``1/sqrt(D)`` as in the paper."""
+    return float(scale) if scale is not None else head_dim ** -0.5

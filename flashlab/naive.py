@@ -1,0 +1,82 @@
+"""Attention as the textbook writes it: two ``einsum`` s and a softmax.
+
+    S = (Q · scale) Kᵀ            (…, Nq, Nk)   the score matrix
+    P = softmax(S + mask)          (…, Nq, Nk)   one probability row per query
+    O = P V                        (…, Nq, Dv)
+
+Every intermediate here is a full Nq × Nk tensor in device memory. That is the cost
+FlashAttention removes, and `flashlab.memory` predicts it byte for byte.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import check_attention_inputs, default_scale
+
+
+def causal_keep_mask(n_queries: int, n_keys: int, device=None) -> torch.Tensor:
+    """Boolean (Nq, Nk) mask, True where query i may see key j.
+
+    Aligned top-left like ``torch.nn.functional.scaled_dot_product_attention``: query i
+    sees keys 0..i, whatever Nk is (``torch.ones(Nq, Nk).tril()``).
+    """
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()
+
+
+def naive_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention, written with ``einsum`` and ``softmax``.
+
+    Args:
+        q: queries ``(..., Nq, D)``.
+        k: keys ``(..., Nk, D)``.
+        v: values ``(..., Nk, Dv)``.
+        attn_mask: optional mask broadcastable to ``(..., Nq, Nk)``: boolean (True = this
+            key takes part) or float (added to the scores, ``-inf`` removes a key).
+        is_causal: query i sees keys ``0..i`` (top-left aligned, as in PyTorch's SDPA).
+        scale: softmax temperature, default ``1/sqrt(D)``.
+
+    Returns:
+        ``(..., Nq, Dv)`` in the dtype of q. A query row whose every key is masked out
+        returns zeros (and zero gradients) rather than NaN.
+
+    Raises:
+        ValueError: for mismatched shapes, dtypes or devices, naming the argument.
+    """
+    check_attention_inputs(q, k, v, attn_mask, is_causal, scale)
+    scale = default_scale(q.shape[-1], scale)
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+
+    # S = (Q·scale) Kᵀ. Scaling Q (N×D) instead of S (N×N) saves a whole N×N tensor.
+    scores = torch.einsum("...id,...jd->...ij", q * scale, k)
+
+    if is_causal:
+        attn_mask = causal_keep_mask(n_queries, n_keys, q.device)
+    empty_rows = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+        # A row with no key left would be softmax(-inf, …, -inf) = 0/0 = NaN. Give it
+        # finite scores so softmax and its backward stay finite, then zero it below.
+        empty_rows = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        if empty_rows.any():
+            scores = scores.masked_fill(empty_rows, 0.0)
+        else:
+            empty_rows = None
+
+    # P = softmax(S): rebinding `scores` lets S be freed as soon as P exists.
+    scores = torch.softmax(scores, dim=-1)
+    if empty_rows is not None:
+        scores = scores.masked_fill(empty_rows, 0.0)
+
+    # O = P V
+    return torch.einsum("...ij,...jd->...id", scores, v)

@@ -1,0 +1,103 @@
+"""The float64 reference and the error metrics every flashlab test uses.
+
+Tests compare an implementation to the float64 reference with the relative error norm
+
+    rel_error = ‖out − ref‖_F / ‖ref‖_F
+
+and a tolerance that depends on the dtype the implementation computed in. A NaN or inf
+anywhere fails, whatever its size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .naive import naive_attention
+
+# Relative-error tolerances by the dtype of the computation under test. Each is well
+# above the error that dtype's rounding leaves in a correct kernel (about 1e-7 for fp32
+# with exact products, 5e-4 for fp16 and 4e-3 for bf16 with fp32 accumulation, measured
+# in tests/), and well below the error of a real bug (a wrong mask or a missing
+# rescale gives errors of order 1e-1 to 1).
+TOLERANCE = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 3e-3,
+    torch.bfloat16: 2e-2,
+}
+# fp32 inputs through TF32 tensor cores (Triton's default for an fp32 tl.dot on GPU).
+TF32_TOLERANCE = 3e-3
+
+
+def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None) -> torch.Tensor:
+    """Attention in float64 on the CPU: the ground truth for every test.
+
+    Same arguments and semantics as :func:`flashlab.naive_attention`; the inputs (and a
+    float mask) are upcast to float64 and moved to the CPU first, so the only rounding
+    left is float64's (about 1e-16 relative).
+    """
+    def up(t):
+        return t.detach().to(device="cpu", dtype=torch.float64)
+
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.cpu() if attn_mask.dtype == torch.bool else up(attn_mask)
+    return naive_attention(up(q), up(k), up(v), mask, is_causal, scale)
+
+
+def reference_gradients(q, k, v, grad_out, attn_mask=None, is_causal=False, scale=None):
+    """(dq, dk, dv) of attention in float64 on the CPU, by autograd through the naive
+    implementation: the ground truth for every backward test."""
+    def up(t):
+        return t.detach().to(device="cpu", dtype=torch.float64).requires_grad_()
+
+    q64, k64, v64 = up(q), up(k), up(v)
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.cpu() if attn_mask.dtype == torch.bool else attn_mask.detach().cpu().double()
+    out = naive_attention(q64, k64, v64, mask, is_causal, scale)
+    return torch.autograd.grad(out, (q64, k64, v64), grad_out.detach().cpu().double())
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖_F / ‖ref‖_F in float64 (NaN if `out` holds NaN or inf).
+
+    If ``ref`` is all zeros the absolute norm ‖out‖ is returned instead.
+    """
+    if out.shape != ref.shape:
+        raise ValueError(f"out: shape {tuple(out.shape)} differs from ref's {tuple(ref.shape)}. "
+                         "Compare tensors of the same shape.")
+    out64 = out.detach().to(device="cpu", dtype=torch.float64)
+    ref64 = ref.detach().to(device="cpu", dtype=torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.nan
+    ref_norm = ref64.norm().item()
+    diff_norm = (out64 - ref64).norm().item()
+    return diff_norm / ref_norm if ref_norm > 0 else diff_norm
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out − ref| in float64 (NaN if `out` holds NaN or inf)."""
+    out64 = out.detach().to(device="cpu", dtype=torch.float64)
+    ref64 = ref.detach().to(device="cpu", dtype=torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.nan
+    return (out64 - ref64).abs().max().item() if out64.numel() else 0.0
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None,
+                 tol: float | None = None, what: str = "output") -> float:
+    """Fail unless ``rel_error(out, ref) <= tol``; returns the error.
+
+    ``tol`` defaults to ``TOLERANCE[dtype]`` with ``dtype`` defaulting to ``out.dtype``.
+    """
+    if tol is None:
+        tol = TOLERANCE[dtype or out.dtype]
+    err = rel_error(out, ref)
+    if not err <= tol:  # also catches NaN
+        raise AssertionError(
+            f"{what}: relative error {err:.3e} exceeds {tol:.1e} "
+            f"(max abs error {max_abs_error(out, ref):.3e}, shape {tuple(out.shape)})")
+    return err

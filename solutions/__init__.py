@@ -1,0 +1,2 @@
+"""Reference answers: the same modules and signatures as exercises/.
+Run the tests against them with ``pytest --impl=solutions``."""

@@ -1,0 +1,50 @@
+"""Tests for exercise 01 (attention from einsum), against the float64 reference.
+
+Run against your work: ``pytest tests/test_ex01_naive_attention.py``;
+against the reference answers: ``pytest --impl=solutions tests/test_ex01_naive_attention.py``.
+"""
+
+import pytest
+import torch
+
+from flashlab import assert_close, reference_attention, reference_gradients
+
+
+def test_scores_match_matmul(exercise):
+    q, k = torch.randn(2, 3, 17, 8, dtype=torch.float64), torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    scores = exercise.attention_scores(q, k, 0.25)
+    assert scores.shape == (2, 3, 17, 5)
+    assert_close(scores, (q @ k.transpose(-1, -2)) * 0.25, what="scores")
+
+
+@pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (4, 4), (3, 7), (7, 3)])
+def test_causal_mask_is_top_left_aligned(exercise, n_queries, n_keys):
+    mask = exercise.causal_mask(n_queries, n_keys)
+    assert mask.dtype == torch.bool and mask.shape == (n_queries, n_keys)
+    i = torch.arange(n_queries)[:, None]
+    j = torch.arange(n_keys)[None, :]
+    assert torch.equal(mask, j <= i), "query i must see exactly keys 0..i"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_queries,n_keys,head_dim", [(1, 1, 4), (17, 17, 16), (17, 33, 8),
+                                                        (64, 20, 32)])
+def test_attention_matches_reference(exercise, dtype, is_causal, n_queries, n_keys, head_dim):
+    q = torch.randn(2, 3, n_queries, head_dim, dtype=dtype)
+    k = torch.randn(2, 3, n_keys, head_dim, dtype=dtype)
+    v = torch.randn(2, 3, n_keys, head_dim, dtype=dtype)
+    out = exercise.attention(q, k, v, is_causal=is_causal)
+    assert out.shape == (2, 3, n_queries, head_dim) and out.dtype == dtype
+    assert_close(out, reference_attention(q, k, v, is_causal=is_causal), dtype=dtype)
+
+
+def test_attention_scale_and_gradients(exercise):
+    q, k, v = (torch.randn(1, 2, 9, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = exercise.attention(q, k, v, scale=0.3)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert_close(out, reference_attention(q, k, v, scale=0.3))
+    ref_grads = reference_gradients(q, k, v, grad_out, scale=0.3)
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert_close(g, rg, what=f"d{name}")

@@ -1,0 +1,63 @@
+"""exercises/ must stay stubs for the learner; solutions/ must answer every stub with
+the same signature."""
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+EXERCISES = sorted(p.stem for p in (ROOT / "exercises").glob("ex*.py"))
+
+
+def _public_functions(path: Path):
+    tree = ast.parse(path.read_text())
+    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def _body_without_docstring(fn: ast.FunctionDef):
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return body
+
+
+def test_there_are_exercises():
+    assert EXERCISES, "exercises/ holds no exNN_*.py module"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_exercise_is_still_a_stub(name):
+    functions = _public_functions(ROOT / "exercises" / f"{name}.py")
+    assert functions, f"exercises/{name}.py defines no function"
+    for fn in functions:
+        assert ast.get_docstring(fn), f"{name}.{fn.name} needs a docstring stating its contract"
+        body = _body_without_docstring(fn)
+        if _is_jit(fn):  # a Triton kernel stub cannot raise; its body must be empty
+            assert all(isinstance(s, ast.Pass) for s in body), f"{name}.{fn.name} is not a stub"
+            continue
+        assert len(body) == 1 and isinstance(body[0], ast.Raise) and \
+            "NotImplementedError" in ast.unparse(body[0]), \
+            f"exercises/{name}.py: {fn.name} must only `raise NotImplementedError`"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_solution_matches_exercise_signatures(name):
+    exercise = importlib.import_module(f"exercises.{name}")
+    solution = importlib.import_module(f"solutions.{name}")
+    for fn in _public_functions(ROOT / "exercises" / f"{name}.py"):
+        assert hasattr(solution, fn.name), f"solutions/{name}.py lacks {fn.name}"
+        if _is_jit(fn):
+            want = ast.unparse(fn.args)
+            got = next(f for f in _public_functions(ROOT / "solutions" / f"{name}.py")
+                       if f.name == fn.name)
+            assert ast.unparse(got.args) == want, f"{name}.{fn.name}: arguments differ"
+        else:
+            assert inspect.signature(getattr(solution, fn.name)) == \
+                inspect.signature(getattr(exercise, fn.name)), f"{name}.{fn.name}: signature differs"

@@ -1,0 +1,31 @@
+"""nbval only compares cells that have outputs; a committed notebook that was never run
+would pass silently. Every code cell must have been executed, in order, in one kernel."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_syllabus_order():
+    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
+    assert numbers == list(range(len(numbers))), f"notebooks must be numbered 00, 01, …: {numbers}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_code_cell_executed_in_order(path):
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    counts = [c.get("execution_count") for c in cells if "".join(c["source"]).strip()]
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: execution counts {counts}; run `make notebooks` (fresh kernel, top to bottom)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_errors_and_first_cell_imports_flashlab(path):
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    for c in cells:
+        assert all(o["output_type"] != "error" for o in c.get("outputs", [])), \
+            f"{path.name}: a cell was committed with an error"
+    assert "flashlab" in "".join(cells[0]["source"]), f"{path.name}: first code cell must import flashlab"
