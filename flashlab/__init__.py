@@ -7,6 +7,10 @@ The package the FlashLab course builds. Public API so far:
   the float64 ground truth and the error metrics every test uses.
 - `predict_naive_attention_memory`, `measure_peak_memory`, `largest_seq_len`:
   the memory model of naive attention and its measurement.
+- `online_softmax`, `tiled_attention`: FlashAttention's algorithm in PyTorch
+  (streaming softmax state and merge; tiled forward and recomputing backward).
+- `fused_softmax`: a fused row-softmax Triton kernel.
+- `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
 """
 
 # runtime first: it decides compiled vs interpreted before any Triton kernel exists.
@@ -20,7 +24,9 @@ from .memory import (
     measure_peak_memory,
     predict_naive_attention_memory,
 )
+from .fused_softmax import fused_softmax
 from .naive import causal_keep_mask, naive_attention
+from .online_softmax import SoftmaxState, online_softmax
 from .reference import (
     TOLERANCE,
     assert_close,
@@ -29,24 +35,29 @@ from .reference import (
     reference_gradients,
     rel_error,
 )
+from .tiled import tiled_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "TOLERANCE",
+    "SoftmaxState",
     "MemoryMeasurement",
     "NaiveAttentionMemory",
     "assert_close",
     "causal_keep_mask",
     "check_attention_inputs",
     "format_bytes",
+    "fused_softmax",
     "largest_seq_len",
     "max_abs_error",
     "measure_peak_memory",
     "naive_attention",
+    "online_softmax",
     "predict_naive_attention_memory",
     "reference_attention",
     "reference_gradients",
     "rel_error",
     "runtime",
+    "tiled_attention",
 ]

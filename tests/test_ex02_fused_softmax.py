@@ -1,0 +1,37 @@
+"""Tests for exercise 02 (fused softmax kernel). On a CPU they run in Triton's
+interpreter (flashlab sets TRITON_INTERPRET=1 when no GPU is visible)."""
+
+import pytest
+import torch
+
+import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
+from flashlab import assert_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 17), (8, 128), (5, 1000)])
+def test_matches_float64_softmax(exercise, dtype, rows, cols):
+    x = (torch.randn(rows, cols, device=DEVICE) * 4).to(dtype)
+    y = exercise.softmax(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    assert_close(y, torch.softmax(x.double(), dim=-1), dtype=dtype)
+
+
+def test_masked_entries_and_fully_masked_rows(exercise):
+    x = torch.randn(4, 33, device=DEVICE)
+    x[0, ::2] = float("-inf")      # half the row masked
+    x[2] = float("-inf")           # a row with nothing left
+    y = exercise.softmax(x)
+    assert torch.isfinite(y).all(), "a fully masked row must give zeros, not NaN"
+    assert torch.all(y[2] == 0) and torch.all(y[0, ::2] == 0)
+    keep = torch.ones(4, dtype=torch.bool)
+    keep[2] = False
+    assert_close(y[keep], torch.softmax(x[keep].double(), -1), dtype=torch.float32)
+
+
+def test_respects_row_stride(exercise):
+    big = torch.randn(6, 40, device=DEVICE)
+    x = big[:, :25]                 # rows 40 apart in memory, 25 long
+    assert_close(exercise.softmax(x), torch.softmax(x.double(), -1), dtype=torch.float32)
