@@ -1,0 +1,107 @@
+"""Interactive figures for the notebooks: step through the tiles of a tiled attention
+forward, and size blocks for a given on-chip memory.
+
+The drawing functions return matplotlib figures and work without a notebook (tests call
+them); the ``*_widget`` functions wrap them in ipywidgets sliders.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.patches import Rectangle
+
+from .instrument import TileRecorder
+from .memory import dtype_bytes, format_bytes
+from .tiled import tiled_attention_forward
+from .traffic import blocks_for_onchip_memory, naive_attention_traffic, tiled_forward_traffic
+
+
+def record_tiles(q, k, v, block_m, block_n, is_causal=False) -> list[dict]:
+    """Run the tiled forward on one head (q, k, v of shape (N, D)) and return the state
+    after every tile step: q_start, k_start, running max m, running sum l, accumulator."""
+    recorder = TileRecorder()
+    tiled_attention_forward(q, k, v, is_causal, None, block_m, block_n, observer=recorder)
+    return recorder.steps
+
+
+def draw_tile_step(steps, step, n_queries, n_keys, block_m, block_n, is_causal=False, rows=3):
+    """Figure for one step: which tiles of the (virtual) score matrix are done, on chip or
+    skipped, and the running softmax state of the first ``rows`` rows of the query tile."""
+    state = steps[step]
+    fig, (grid, table) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]})
+    for q0 in range(0, n_queries, block_m):
+        for k0 in range(0, n_keys, block_n):
+            h, w = min(block_m, n_queries - q0), min(block_n, n_keys - k0)
+            visited = any(s["q_start"] == q0 and s["k_start"] == k0 for s in steps[:step + 1])
+            skipped = is_causal and k0 > min(q0 + block_m, n_queries) - 1
+            current = (q0, k0) == (state["q_start"], state["k_start"])
+            color = "tab:orange" if current else "0.6" if visited else "white" if skipped else "0.92"
+            grid.add_patch(Rectangle((k0, q0), w, h, facecolor=color, edgecolor="k", lw=0.8,
+                                     hatch="//" if skipped else None))
+    grid.set(xlim=(0, n_keys), ylim=(n_queries, 0), xlabel="key index j  (K/V tiles)",
+             ylabel="query index i  (Q tiles)",
+             title=f"step {step + 1}/{len(steps)}: Q tile at row {state['q_start']}, "
+                   f"K/V tile at row {state['k_start']}")
+    grid.set_aspect("equal")
+    grid.legend(handles=[Rectangle((0, 0), 1, 1, fc=c, ec="k", hatch=h) for c, h in
+                         (("tab:orange", None), ("0.6", None), ("0.92", None), ("white", "//"))],
+                labels=["on chip now", "done", "to do", "skipped (causal)"], fontsize=7,
+                loc="lower left")
+    m, l = state["m"].reshape(-1), state["l"].reshape(-1)
+    acc = state["acc"].reshape(len(m), -1)
+    lines = ["row   running max m   running sum l   partial output acc/l (first 3)"]
+    for r in range(min(rows, len(m))):
+        partial = (acc[r, :3] / l[r]).tolist() if l[r] > 0 else [0.0] * min(3, acc.shape[1])
+        lines.append(f"{state['q_start'] + r:>3}   {m[r].item():>13.4f}   {l[r].item():>13.4f}   "
+                     + "  ".join(f"{x:+.3f}" for x in partial))
+    table.axis("off")
+    table.text(0, 0.95, "\n".join(lines), family="monospace", fontsize=8, va="top")
+    table.set_title("online-softmax state of the Q tile on chip")
+    fig.tight_layout()
+    return fig
+
+
+def tile_stepper_widget(n_queries=12, n_keys=16, head_dim=4, block_m=4, block_n=4, is_causal=True, seed=0):
+    """A slider over the steps of a tiled forward on random inputs (one head)."""
+    import ipywidgets as widgets
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(n, head_dim, generator=gen, dtype=torch.float64)
+               for n in (n_queries, n_keys, n_keys))
+    steps = record_tiles(q, k, v, block_m, block_n, is_causal)
+
+    def show(step):
+        draw_tile_step(steps, step, n_queries, n_keys, block_m, block_n, is_causal)
+        plt.show()
+
+    return widgets.interactive(show, step=widgets.IntSlider(0, 0, len(steps) - 1, description="step"))
+
+
+def block_size_report(onchip_kib: int, head_dim: int, seq_len: int, dtype=torch.float16) -> str:
+    """Block sizes FlashAttention would pick for M KiB of on-chip memory, what lives on
+    chip, and the HBM bytes of the forward against naive attention (one head)."""
+    m_bytes = onchip_kib * 1024
+    block_m, block_n = blocks_for_onchip_memory(m_bytes, head_dim, dtype)
+    b = dtype_bytes(dtype)
+    on_chip = {"Q_i": block_m * head_dim * b, "K_j, V_j": 2 * block_n * head_dim * b,
+               "O_i (acc)": block_m * head_dim * 4, "S_ij": block_m * block_n * 4}
+    tiled = sum(tiled_forward_traffic(1, 1, seq_len, head_dim, dtype, block_m=block_m, block_n=block_n).values())
+    naive = sum(s.total for s in naive_attention_traffic(1, 1, seq_len, head_dim, dtype))
+    lines = [f"M = {onchip_kib} KiB, d = {head_dim}: block_m (B_r) = {block_m}, block_n (B_c) = {block_n}"]
+    lines += [f"  {name:>10}: {format_bytes(size)}" for name, size in on_chip.items()]
+    lines.append(f"  on chip in all: {format_bytes(sum(on_chip.values()))}")
+    lines.append(f"HBM traffic of the forward, N = {seq_len:,}: tiled {format_bytes(tiled)}, "
+                 f"naive {format_bytes(naive)} ({naive / tiled:.1f}x more)")
+    return "\n".join(lines)
+
+
+def block_size_calculator_widget():
+    """Sliders for on-chip memory, head dimension and sequence length."""
+    import ipywidgets as widgets
+
+    def show(onchip_kib=96, head_dim=64, log2_seq_len=12):
+        print(block_size_report(onchip_kib, head_dim, 2 ** log2_seq_len))
+
+    return widgets.interactive(show, onchip_kib=(16, 228, 4), head_dim=[16, 32, 64, 128, 256],
+                               log2_seq_len=(8, 16))

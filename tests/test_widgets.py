@@ -1,0 +1,25 @@
+"""The notebook widgets' drawing and reporting functions (no browser needed)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import torch  # noqa: E402
+
+from flashlab.widgets import block_size_report, draw_tile_step, record_tiles  # noqa: E402
+
+
+def test_tile_steps_skip_causal_tiles_and_end_with_the_right_state():
+    q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (12, 16, 16))
+    steps = record_tiles(q, k, v, block_m=4, block_n=4, is_causal=True)
+    assert len(steps) == 1 + 2 + 3          # query block i visits key blocks 0..i
+    last = steps[-1]
+    keep = torch.ones(12, 16, dtype=torch.bool).tril()[8:12]
+    scores = (q[8:12] @ k.T / 2).masked_fill(~keep, -torch.inf)
+    assert torch.allclose(last["m"] + torch.log(last["l"]), torch.logsumexp(scores, -1))
+    fig = draw_tile_step(steps, 3, 12, 16, 4, 4, is_causal=True)
+    assert fig.axes[0].get_xlabel().startswith("key index")
+
+
+def test_block_size_report_states_blocks_and_traffic():
+    text = block_size_report(96, 64, 4096)
+    assert "block_m (B_r) = 64, block_n (B_c) = 192" in text and "naive" in text
