@@ -98,8 +98,9 @@ def tiled_forward_traffic(batch, heads, n_queries, head_dim, dtype=torch.float16
     kv_rows = 0
     for q_start in range(0, n_queries, block_m):
         q_end = min(q_start + block_m, n_queries)
-        for k_start in key_blocks(q_start, q_end, n_keys, block_n, is_causal):
-            kv_rows += min(block_n, n_keys - k_start)
+        visited = key_blocks(q_start, q_end, n_keys, block_n, is_causal)
+        # whole blocks up to the last one visited, which may be cut short by Nk
+        kv_rows += min(n_keys, len(visited) * block_n)
     return {
         "read Q": bh * n_queries * head_dim * b,
         "read K, V": bh * kv_rows * 2 * head_dim * b,
