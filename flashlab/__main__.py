@@ -1,7 +1,8 @@
 """Command line: ``python -m flashlab <command>``.
 
-  bench-softmax   time the fused softmax against torch.softmax and the unfused ops,
-                  write JSON (GPU name, versions, date, every row)
+  bench-softmax     time the fused softmax against torch.softmax and the unfused ops
+  bench-attention   time flashlab.attention against PyTorch's SDPA backends (TFLOP/s)
+Both print a table and, with --out, write JSON (GPU name, versions, date, every row).
 """
 
 from __future__ import annotations
@@ -29,6 +30,21 @@ def _bench_softmax(args) -> None:
         print(f"{r['cols']:>6} {r['impl']:>24} {r['ms']:9.4f} ms {r['GB/s']:8.1f} GB/s")
 
 
+def _bench_attention(args) -> None:
+    from .bench import benchmark_attention
+    from .results import environment
+
+    rows = benchmark_attention(args.seq_lens, args.head_dims, tuple(c == "causal" for c in args.masks),
+                               tuple(getattr(torch, d) for d in args.dtypes), tokens=args.tokens, heads=args.heads)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
+    for r in rows:
+        speed = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if "ms" in r else f"error: {r['error'][:60]}"
+        print(f"{r['impl']:>15} N={r['N']:>6} D={r['D']:>3} causal={r['causal']!s:5} {r['dtype']:>14} "
+              f"{r['mode']:>7} {speed}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,8 +54,16 @@ def main(argv=None) -> int:
     softmax.add_argument("--cols", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
     softmax.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
     softmax.add_argument("--out", help="write the results as JSON to this file")
+    attn = commands.add_parser("bench-attention", help="benchmark attention against SDPA backends")
+    attn.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    attn.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    attn.add_argument("--masks", nargs="+", choices=["full", "causal"], default=["full", "causal"])
+    attn.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["bfloat16", "float16"])
+    attn.add_argument("--tokens", type=int, default=16384, help="B·N, kept constant across N")
+    attn.add_argument("--heads", type=int, default=16)
+    attn.add_argument("--out", help="write the results as JSON to this file")
     args = parser.parse_args(argv)
-    {"bench-softmax": _bench_softmax}[args.command](args)
+    {"bench-softmax": _bench_softmax, "bench-attention": _bench_attention}[args.command](args)
     return 0
 
 

@@ -25,6 +25,7 @@ def check_attention_inputs(
     is_causal: bool = False,
     scale: float | None = None,
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+    enable_gqa: bool = False,
 ) -> None:
     """Check q, k, v (and an optional mask) against the contract of
     ``torch.nn.functional.scaled_dot_product_attention``.
@@ -32,6 +33,9 @@ def check_attention_inputs(
     Shapes: ``q (..., Nq, D)``, ``k (..., Nk, D)``, ``v (..., Nk, Dv)`` with identical
     leading (batch, head) dimensions. ``attn_mask`` must broadcast to ``(..., Nq, Nk)``;
     a boolean mask means "True takes part", a float mask is added to the scores.
+
+    With ``enable_gqa`` (grouped-query attention), k and v may have fewer heads than q
+    (dimension -3), as long as that number divides q's.
 
     Raises:
         ValueError: naming the offending argument, the reason and the fix.
@@ -58,11 +62,15 @@ def check_attention_inputs(
         bad = "k" if k.device != q.device else "v"
         _fail(bad, f"is on {(k if bad == 'k' else v).device} but q is on {q.device}",
               f"Move all three to one device, e.g. {bad}.to(q.device).")
-    if q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+    if enable_gqa and q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and \
+            q.shape[:-3] == k.shape[:-3] and q.shape[-3] % k.shape[-3] == 0:
+        pass  # grouped-query attention: each k/v head serves q.shape[-3] // k.shape[-3] q heads
+    elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         bad = "k" if q.shape[:-2] != k.shape[:-2] else "v"
         _fail(bad, f"leading (batch, head) dimensions {tuple((k if bad == 'k' else v).shape[:-2])} "
               f"differ from q's {tuple(q.shape[:-2])}",
-              "q, k and v must share every dimension but the last two.")
+              "q, k and v must share every dimension but the last two (with enable_gqa=True, "
+              "k and v may have a number of heads that divides q's).")
     if k.shape[-1] != q.shape[-1]:
         _fail("k", f"head dimension {k.shape[-1]} differs from q's {q.shape[-1]}",
               "q and k must have the same last dimension (they are multiplied together).")

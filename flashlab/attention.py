@@ -1,0 +1,199 @@
+"""The public attention API: a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
+backed by flashlab's Triton kernels, and an attention ``nn.Module`` built on it."""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import nn
+
+from . import runtime
+from .checks import check_attention_inputs, default_scale
+from .flash_triton import (
+    LOG2E,
+    flash_backward_dkdv_kernel,
+    flash_backward_dq_kernel,
+    flash_backward_preprocess_kernel,
+    flash_forward_kernel,
+)
+from .naive import naive_attention
+from .tiled import tiled_attention
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs ≥ 16; the mask hides the padding
+
+
+def _forward_config(head_dim: int, interpreted: bool) -> dict:
+    if interpreted:  # the interpreter's cost grows with programs × tile work: small tiles
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    if head_dim <= 64:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    if head_dim <= 128:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+
+
+def _backward_config(head_dim: int, interpreted: bool) -> dict:
+    if interpreted:
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    if head_dim <= 128:
+        return {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+
+
+def _mask_args(attn_mask, q, k):
+    """The mask as the kernels read it: expanded (stride 0, no copy) to (B, H, Nq, Nk)."""
+    B, H, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if attn_mask is None:
+        return q, (0, 0, 0, 0), False, False  # any pointer: HAS_MASK=False never reads it
+    mask = attn_mask.expand(B, H, n_q, n_k)
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)  # same bytes; Triton reads uint8 more portably than i1
+    return mask, mask.stride(), True, attn_mask.dtype == torch.bool
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, exact_fp32):
+        B, H, n_q, head_dim = q.shape
+        n_k, group = k.shape[2], H // k.shape[1]
+        interpreted = q.device.type != "cuda"
+        cfg = _forward_config(head_dim, interpreted)
+        out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+        mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+        precision = "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
+        grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)
+        flash_forward_kernel[grid](
+            q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
+            *out.stride(), lse.stride(0), lse.stride(1),
+            H, n_q, n_k, head_dim, group, scale * LOG2E,
+            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+            BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **cfg)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        B, H, n_q, head_dim = q.shape
+        H_kv, n_k = k.shape[1], k.shape[2]
+        group = H // H_kv
+        interpreted = q.device.type != "cuda"
+        cfg = _backward_config(head_dim, interpreted)
+        block_d = _block_d(head_dim)
+        delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+        flash_backward_preprocess_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)](
+            out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_D=block_d)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        mask, mask_strides, has_mask, mask_is_bool = _mask_args(ctx.attn_mask, q, k)
+        common = dict(IS_CAUSAL=ctx.is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+                      BLOCK_D=block_d, INPUT_PRECISION=ctx.precision, **cfg)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
+                   lse.stride(0), lse.stride(1))
+        flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]), B * H_kv)](
+            q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
+            H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, **common)
+        flash_backward_dq_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)](
+            q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
+            H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, **common)
+        return dq, dk, dv, None, None, None, None
+
+
+def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
+    if q.dim() != 4:
+        raise ValueError(f"q: expected 4 dimensions (batch, heads, N, D), got shape {tuple(q.shape)}. "
+                         "Add the missing dimensions with unsqueeze.")
+    if not enable_gqa and k.shape[1] != q.shape[1]:
+        raise ValueError(f"k: has {k.shape[1]} heads but q has {q.shape[1]}. "
+                         "Pass enable_gqa=True for grouped-query attention.")
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"v: head dimension {v.shape[-1]} differs from q's {q.shape[-1]}; "
+                         "flashlab's kernels need equal head dimensions for q, k and v.")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dimension {q.shape[-1]} exceeds {MAX_HEAD_DIM}, the largest the "
+                         "kernels keep on chip. Split the heads or use naive_attention.")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: {dropout_p} is not supported yet by flashlab.attention "
+                         "(dropout is not implemented in the kernels). Use dropout_p=0.0.")
+
+
+def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+              exact_fp32=False):
+    """FlashAttention with the arguments and semantics of
+    ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Args:
+        q: ``(B, H, Nq, D)``; k, v: ``(B, H_kv, Nk, D)`` with ``H_kv = H`` (or dividing H
+            with ``enable_gqa=True``). float16, bfloat16 or float32; D ≤ 256; any strides.
+        attn_mask: broadcastable to ``(B, H, Nq, Nk)``; boolean (True = takes part) or float
+            (added to the scores). Read tile by tile through its strides, never expanded.
+        dropout_p: must be 0.0 (dropout is not implemented yet; a ValueError says so).
+        is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). Key tiles
+            entirely above the diagonal are skipped.
+        scale: default ``1/sqrt(D)``.
+        enable_gqa: grouped-query / multi-query attention.
+        exact_fp32: for float32 inputs, use exact fp32 products instead of TF32 (tests).
+
+    Returns:
+        ``(B, H, Nq, D)``; rows with no key to attend to give zeros and zero gradients.
+
+    Where it runs: CUDA tensors run the compiled Triton kernels. CPU tensors run the same
+    kernels in Triton's interpreter when it is on (``TRITON_INTERPRET=1``, which
+    ``import flashlab`` sets on a machine without a GPU); otherwise the PyTorch
+    implementation (`tiled_attention`, or `naive_attention` for masks and GQA).
+    """
+    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    scale = default_scale(q.shape[-1], scale)
+    if q.device.type == "cuda" or runtime.triton_interpreted():
+        if q.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"q: dtype {q.dtype} is not supported by the kernels; "
+                             "use float16, bfloat16 or float32.")
+        if q.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"q: device {q.device} is not supported; use a CUDA or CPU tensor.")
+        return FlashAttentionFunction.apply(q, k, v, attn_mask, is_causal, scale, exact_fp32)
+    group = q.shape[1] // k.shape[1]
+    if attn_mask is None and group == 1:
+        return tiled_attention(q, k, v, is_causal=is_causal, scale=scale)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return naive_attention(q, k, v, attn_mask, is_causal, scale)
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention with a fused QKV projection, heads and an output projection, on
+    `flashlab.attention`.
+
+    Args:
+        embed_dim: model width; ``num_heads`` must divide it.
+        num_heads: attention heads.
+        causal: apply a causal mask (for decoders).
+        bias: biases in the projections.
+    Input ``(B, N, embed_dim)`` → output ``(B, N, embed_dim)``. ``forward`` also takes an
+    optional ``attn_mask`` broadcastable to ``(B, H, N, N)``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, bias: bool = True,
+                 attention_fn=attention):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads: {num_heads} does not divide embed_dim={embed_dim}.")
+        self.num_heads, self.head_dim, self.causal = num_heads, embed_dim // num_heads, causal
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
+        self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.attention_fn = attention_fn
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, N, _ = x.shape
+        # one matmul for q, k and v; (B, N, 3, H, D) → three (B, H, N, D) views, no copies
+        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = self.attention_fn(q, k, v, attn_mask=attn_mask, is_causal=self.causal and attn_mask is None)
+        return self.out(y.transpose(1, 2).reshape(B, N, -1))

@@ -1,0 +1,213 @@
+"""FlashAttention in Triton: the forward kernel and the two backward kernels.
+
+The algorithm is notebook 03/04's tiled attention; here each tile really lives on chip.
+
+Forward, one program per (block of BLOCK_M queries, batch·head):
+    load Q_i once; for each key block j (causal: only j up to the diagonal)
+        S = Q_i K_jᵀ · scale·log2(e)          (exponents in base 2: exp2 is one instruction)
+        mask: keys ≥ Nk, causal j > i, boolean attn_mask → −inf; float attn_mask added
+        m' = max(m, rowmax S);  P̃ = 2^(S − m');  l' = l·2^(m − m') + rowsum P̃
+        acc' = acc·2^(m − m') + P̃ V_j
+    O_i = acc / l;  L_i = m + log2 l  (base-2 log-sum-exp, +inf for a row with no key)
+
+Backward:
+    preprocess   D_i = rowsum(dO_i ∘ O_i)
+    dK/dV pass   one program per key block (and k/v head): K_j, V_j stay on chip while all
+                 query blocks (of every q head of the group, for GQA) stream past:
+                 P = 2^(S − L), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = P ∘ (dP − D_i),
+                 dK_j += dSᵀ Q_i · scale
+    dQ pass      one program per query block: dQ_i += dS K_j · scale
+No atomics: every output tile has exactly one writer, so results are deterministic.
+
+Masks are read tile by tile through their strides; broadcast dimensions have stride 0,
+so a (B, 1, 1, Nk) key-padding mask is never expanded in memory.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x·log2 e)
+
+
+@triton.jit
+def _tile_scores(q, k, mask_ptrs, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+                 IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+                 INPUT_PRECISION: tl.constexpr):
+    """S = Q Kᵀ for one tile in base-2 units, with every masked entry at −inf."""
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    cols = start_n + offs_n
+    valid = (cols < n_k)[None, :] & (offs_m < n_q)[:, None]
+    if IS_CAUSAL:
+        valid = valid & (cols[None, :] <= offs_m[:, None])      # top-left: key j ≤ query i
+    if HAS_MASK:
+        mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
+        if MASK_IS_BOOL:
+            valid = valid & (mask_tile != 0)                     # True = takes part
+        else:
+            s = s + mask_tile.to(tl.float32) * 1.4426950408889634  # additive, in base 2
+    return tl.where(valid, s, -float("inf"))
+
+
+@triton.jit
+def flash_forward_kernel(
+    Q, K, V, MASK, O, L,
+    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
+    smz, smh, smm, smn, soz, soh, som, sod, slz, slh,
+    H, n_q, n_k, head_dim, GROUP, qk_scale,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    zh = tl.program_id(1)
+    z, h = zh // H, zh % H
+    kv_h = h // GROUP                                   # GQA: q heads h share k/v head h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim                            # head dims that are not powers of two
+
+    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=(offs_m < n_q)[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    hi = n_k
+    if IS_CAUSAL:
+        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)   # key blocks past the diagonal: skipped
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
+        k = tl.load(K + z * skz + kv_h * skh + cols[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+        s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + cols[None, :] * smn,
+                         offs_m, offs_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL,
+                         INPUT_PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
+        p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
+        alpha = tl.math.exp2(m_i - m_safe)                      # 2^(m − m')
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd,
+                    mask=kv_ok, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    has_key = l_i > 0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]               # a row with no key: 0, not 0/0
+    row_ok = offs_m < n_q
+    tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
+    lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
+    tl.store(L + z * slz + h * slh + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def flash_backward_preprocess_kernel(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, n_q, head_dim,
+                                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    start_m = tl.program_id(0)
+    zh = tl.program_id(1)
+    z, h = zh // H, zh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (offs_m < n_q)[:, None] & (offs_d < head_dim)[None, :]
+    o = tl.load(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, mask=ok, other=0.0)
+    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)     # D_i = rowsum(dO ∘ O)
+    tl.store(DELTA + zh * n_q + offs_m, delta, mask=offs_m < n_q)
+
+
+@triton.jit
+def flash_backward_dkdv_kernel(
+    Q, K, V, MASK, DO, L, DELTA, DK, DV,
+    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
+    smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh,
+    sdkz, sdkh, sdkn, sdkd, sdvz, sdvh, sdvn, sdvd,
+    H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    zh = tl.program_id(1)
+    z, kv_h = zh // H_KV, zh % H_KV
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_mb = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < head_dim
+    kv_ok = (offs_n < n_k)[:, None] & d_ok[None, :]
+    # K_j and V_j are loaded once and stay on chip for the whole pass
+    k = tl.load(K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+    v = tl.load(V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    lo = 0
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M                      # earlier query blocks see none of these keys
+    for g in range(0, GROUP):                                   # every q head that uses this k/v head
+        h = kv_h * GROUP + g
+        for start_m in range(lo, n_q, BLOCK_M):
+            offs_m = start_m + offs_mb
+            q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
+            q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
+            s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn,
+                             offs_m, offs_n - start_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK,
+                             MASK_IS_BOOL, INPUT_PRECISION)
+            lse = tl.load(L + z * slz + h * slh + offs_m, mask=offs_m < n_q, other=float("inf"))
+            p = tl.math.exp2(s - lse[:, None])                   # P = 2^(S − L), recomputed
+            do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd,
+                         mask=q_ok, other=0.0)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)   # dV += Pᵀ dO
+            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
+            delta = tl.load(DELTA + (z * H + h) * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+            ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+    tl.store(DK + z * sdkz + kv_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + z * sdvz + kv_h * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def flash_backward_dq_kernel(
+    Q, K, V, MASK, DO, L, DELTA, DQ,
+    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
+    smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh, sdqz, sdqh, sdqm, sdqd,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    zh = tl.program_id(1)
+    z, h = zh // H, zh % H
+    kv_h = h // GROUP
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
+    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
+    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
+    lse = tl.load(L + z * slz + h * slh + offs_m, mask=offs_m < n_q, other=float("inf"))
+    delta = tl.load(DELTA + zh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    hi = n_k
+    if IS_CAUSAL:
+        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
+        k = tl.load(K + z * skz + kv_h * skh + cols[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
+        s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + cols[None, :] * smn,
+                         offs_m, offs_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL,
+                         INPUT_PRECISION)
+        p = tl.math.exp2(s - lse[:, None])
+        v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)               # dQ += dS K
+    tl.store(DQ + z * sdqz + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

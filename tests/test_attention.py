@@ -1,0 +1,116 @@
+"""flashlab.attention (Triton kernels): forward and gradients against float64.
+
+On a CPU the kernels run in Triton's interpreter at small sizes; on a GPU the same tests
+run compiled, plus bf16 and long sequences (marked `gpu`)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlab import assert_close, reference_attention, reference_gradients
+from flashlab.attention import MultiHeadAttention, attention
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+# fp32 runs with exact products (exact_fp32=True): fp32 rounding only
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd"):
+    make = lambda h, n: torch.randn(B, h, n, D, device=DEVICE, dtype=dtype)  # noqa: E731
+    if q_layout == "bnhd":  # a (B, N, H, D) tensor seen as (B, H, N, D): strided, no copy
+        q = torch.randn(B, Nq, H, D, device=DEVICE, dtype=dtype).transpose(1, 2).requires_grad_()
+    else:
+        q = make(H, Nq).requires_grad_()
+    k, v = make(H_kv, Nk).requires_grad_(), make(H_kv, Nk).requires_grad_()
+    out = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=H != H_kv, exact_fp32=True)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    group = H // H_kv
+    k_full, v_full = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    assert_close(out, reference_attention(q, k_full, v_full, attn_mask, is_causal), tol=TOL[dtype])
+    dq, dk, dv = reference_gradients(q, k_full, v_full, grad_out, attn_mask, is_causal)
+    dk = dk.view(B, H_kv, group, Nk, D).sum(2)   # a shared k/v head collects every q head's gradient
+    dv = dv.view(B, H_kv, group, Nk, D).sum(2)
+    for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), (dq, dk, dv)):
+        assert torch.isfinite(got).all(), f"d{name} has NaN/inf"
+        assert_close(got, want, tol=TOL[dtype], what=f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("Nq,Nk,D", [(1, 1, 16), (17, 17, 16), (100, 100, 80), (257, 100, 16), (40, 257, 128)])
+def test_matches_reference(Nq, Nk, D, is_causal, dtype):
+    _check(1, 2, 2, Nq, Nk, D, is_causal, dtype)
+
+
+@pytest.mark.parametrize("H,H_kv", [(4, 2), (4, 1)])
+def test_grouped_and_multi_query(H, H_kv):
+    _check(2, H, H_kv, 33, 50, 16, True, torch.float32)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 40), (2, 2, 30, 40), (30, 40)])
+def test_boolean_masks(mask_shape):
+    keep = torch.rand(mask_shape, device=DEVICE) > 0.4
+    _check(2, 2, 2, 30, 40, 16, False, torch.float32, attn_mask=keep)
+
+
+def test_float_mask_and_fully_masked_rows():
+    _check(2, 2, 2, 30, 40, 16, False, torch.float32, attn_mask=torch.randn(2, 1, 30, 40, device=DEVICE))
+    keep = torch.rand(1, 2, 30, 40, device=DEVICE) > 0.5
+    keep[..., 5, :] = False                        # query 5 sees nothing: output and grads 0
+    _check(1, 2, 2, 30, 40, 16, False, torch.float32, attn_mask=keep)
+
+
+def test_strided_input_and_scale():
+    _check(2, 3, 3, 37, 37, 32, True, torch.float32, q_layout="bnhd")
+    q, k, v = (torch.randn(1, 2, 20, 16, device=DEVICE) for _ in range(3))
+    assert_close(attention(q, k, v, scale=0.3, exact_fp32=True), reference_attention(q, k, v, scale=0.3),
+                 tol=1e-5)
+
+
+def test_deterministic():
+    q, k, v = (torch.randn(1, 2, 70, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    runs = []
+    for _ in range(2):
+        out = attention(q, k, v, is_causal=True)
+        runs.append((out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_drop_in_for_sdpa_in_a_module():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(64, 4, causal=True).to(DEVICE)
+    x = torch.randn(2, 33, 64, device=DEVICE)
+    reference = MultiHeadAttention(64, 4, causal=True, attention_fn=F.scaled_dot_product_attention).to(DEVICE)
+    reference.load_state_dict(layer.state_dict())
+    assert_close(layer(x), reference(x).double(), tol=1e-3 if CUDA else 1e-5)
+
+
+@pytest.mark.parametrize("kwargs,argument", [
+    ({"dropout_p": 0.1}, "dropout_p"),
+    ({"k": torch.randn(1, 3, 8, 16)}, "k"),                         # heads differ without GQA
+    ({"q": torch.randn(2, 8, 16), "k": torch.randn(2, 8, 16), "v": torch.randn(2, 8, 16)}, "q"),  # 3-D
+    ({"q": torch.randn(1, 2, 8, 512), "k": torch.randn(1, 2, 8, 512), "v": torch.randn(1, 2, 8, 512)}, "q"),
+    ({"attn_mask": torch.ones(3, 9, dtype=torch.bool)}, "attn_mask"),
+    ({"v": torch.randn(1, 2, 8, 8)}, "v"),
+])
+def test_clear_errors(kwargs, argument):
+    args = {"q": torch.randn(1, 2, 8, 16), "k": torch.randn(1, 2, 8, 16), "v": torch.randn(1, 2, 8, 16)}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=rf"^{argument}:"):
+        attention(**{name: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for name, t in args.items()})
+
+
+@gpu
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+def test_bf16_on_gpu(D, is_causal):
+    _check(2, 4, 4, 1000, 1000, D, is_causal, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("N", [4096, 16384])
+def test_long_sequences_on_gpu(N):
+    _check(1, 2, 2, N, N, 64, True, torch.bfloat16)
