@@ -14,7 +14,8 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 # fp32 runs with exact products (exact_fp32=True): fp32 rounding only
-TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# bf16: correct kernels measured 2.4e-3 on an H200; a wrong dK tile measured 1.2e-2
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 8e-3}
 
 
 def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd"):
@@ -104,10 +105,12 @@ def test_clear_errors(kwargs, argument):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("D", [64, 96, 128, 256])
-def test_bf16_on_gpu(D, is_causal):
-    _check(2, 4, 4, 1000, 1000, D, is_causal, torch.bfloat16)
+@pytest.mark.parametrize("Nq,Nk,D", [(1000, 1000, 64), (1000, 1000, 96), (40, 257, 128), (1000, 1000, 128),
+                                     (257, 100, 256), (1, 17, 128)])
+def test_half_precision_on_gpu(Nq, Nk, D, is_causal, dtype):
+    _check(2, 4, 4, Nq, Nk, D, is_causal, dtype)
 
 
 @gpu
