@@ -23,9 +23,9 @@ def _inputs(B, H, Nq, Nk, D, grad):
 def test_inference_and_forward_peaks_are_exact(B, H, Nq, Nk, D):
     model = predict_naive_attention_memory(B, H, Nq, D, torch.float32, kv_seq_len=Nk)
     q, k, v = _inputs(B, H, Nq, Nk, D, grad=False)
-    assert measure_peak_memory(lambda: naive_attention(q, k, v)).peak_bytes == model.inference_peak
+    assert measure_peak_memory(lambda: naive_attention(q, k, v), DEVICE).peak_bytes == model.inference_peak
     q, k, v = _inputs(B, H, Nq, Nk, D, grad=True)
-    measured = measure_peak_memory(lambda: naive_attention(q, k, v)).peak_bytes
+    measured = measure_peak_memory(lambda: naive_attention(q, k, v), DEVICE).peak_bytes
     # the only unmodelled allocation is the 4-byte scale scalar autograd keeps
     assert model.forward_peak <= measured <= model.forward_peak + 64
 
@@ -35,7 +35,7 @@ def test_training_peak_matches_model(B, H, Nq, Nk, D):
     model = predict_naive_attention_memory(B, H, Nq, D, torch.float32, kv_seq_len=Nk)
     q, k, v = _inputs(B, H, Nq, Nk, D, grad=True)
     grad_out = torch.randn(B, H, Nq, D, device=DEVICE)
-    measured = measure_peak_memory(lambda: naive_attention(q, k, v).backward(grad_out)).peak_bytes
+    measured = measure_peak_memory(lambda: naive_attention(q, k, v).backward(grad_out), DEVICE).peak_bytes
     assert abs(measured - model.training_peak) <= 0.02 * model.training_peak + 64
 
 
