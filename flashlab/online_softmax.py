@@ -44,7 +44,8 @@ class SoftmaxState:
         return self.m + torch.log(self.l)
 
 
-def _safe(m: torch.Tensor) -> torch.Tensor:
+def safe_shift(m: torch.Tensor) -> torch.Tensor:
+    """m with −inf replaced by 0: the shift to subtract before exp."""
     # exp(x − m) with m = −inf would be exp(−inf − (−inf)) = exp(NaN). Where the max is
     # still −inf every x is −inf too, so subtracting 0 instead gives the right exp(−inf) = 0.
     return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
@@ -59,7 +60,7 @@ def initial_state(row_shape, dtype=torch.float32, device=None) -> SoftmaxState:
 def update(state: SoftmaxState, block: torch.Tensor) -> SoftmaxState:
     """Fold a block of columns ``(..., n)`` into the state."""
     m_new = torch.maximum(state.m, block.amax(dim=-1))                       # m' = max(m, max b)
-    shift = _safe(m_new)
+    shift = safe_shift(m_new)
     l_new = (state.l * torch.exp(state.m - shift)                            # l · exp(m − m')
              + torch.exp(block - shift[..., None]).sum(dim=-1))              # + Σ exp(b − m')
     return SoftmaxState(m_new, l_new)
@@ -68,7 +69,7 @@ def update(state: SoftmaxState, block: torch.Tensor) -> SoftmaxState:
 def merge(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     """Combine the states of two disjoint parts of the same rows."""
     m = torch.maximum(a.m, b.m)                                              # m = max(m_a, m_b)
-    shift = _safe(m)
+    shift = safe_shift(m)
     return SoftmaxState(m, a.l * torch.exp(a.m - shift) + b.l * torch.exp(b.m - shift))
 
 
@@ -86,5 +87,5 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """softmax(x) along the last dimension from streamed statistics: one pass to get
     (m, l) block by block, then exp(x − m) / l. Rows of only −inf give zeros."""
     state = softmax_statistics(x, block_size)
-    probabilities = torch.exp(x - _safe(state.m)[..., None]) / state.l[..., None]
+    probabilities = torch.exp(x - safe_shift(state.m)[..., None]) / state.l[..., None]
     return torch.nan_to_num(probabilities, nan=0.0)  # 0/0 only in all −inf rows

@@ -31,6 +31,15 @@ TOLERANCE = {
 TF32_TOLERANCE = 3e-3
 
 
+def _to_float64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=torch.float64)
+
+
+def _mask_to_cpu(mask: torch.Tensor) -> torch.Tensor:
+    # a boolean mask keeps its meaning as is; a float mask is upcast like the scores
+    return mask.detach().cpu() if mask.dtype == torch.bool else _to_float64(mask)
+
+
 def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None) -> torch.Tensor:
     """Attention in float64 on the CPU: the ground truth for every test.
 
@@ -38,27 +47,17 @@ def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None) ->
     float mask) are upcast to float64 and moved to the CPU first, so the only rounding
     left is float64's (about 1e-16 relative).
     """
-    def up(t):
-        return t.detach().to(device="cpu", dtype=torch.float64)
-
-    mask = None
-    if attn_mask is not None:
-        mask = attn_mask.cpu() if attn_mask.dtype == torch.bool else up(attn_mask)
-    return naive_attention(up(q), up(k), up(v), mask, is_causal, scale)
+    mask = None if attn_mask is None else _mask_to_cpu(attn_mask)
+    return naive_attention(_to_float64(q), _to_float64(k), _to_float64(v), mask, is_causal, scale)
 
 
 def reference_gradients(q, k, v, grad_out, attn_mask=None, is_causal=False, scale=None):
     """(dq, dk, dv) of attention in float64 on the CPU, by autograd through the naive
     implementation: the ground truth for every backward test."""
-    def up(t):
-        return t.detach().to(device="cpu", dtype=torch.float64).requires_grad_()
-
-    q64, k64, v64 = up(q), up(k), up(v)
-    mask = None
-    if attn_mask is not None:
-        mask = attn_mask.cpu() if attn_mask.dtype == torch.bool else attn_mask.detach().cpu().double()
+    q64, k64, v64 = (_to_float64(t).requires_grad_() for t in (q, k, v))
+    mask = None if attn_mask is None else _mask_to_cpu(attn_mask)
     out = naive_attention(q64, k64, v64, mask, is_causal, scale)
-    return torch.autograd.grad(out, (q64, k64, v64), grad_out.detach().cpu().double())
+    return torch.autograd.grad(out, (q64, k64, v64), _to_float64(grad_out))
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

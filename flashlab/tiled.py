@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_attention_inputs, default_scale
+from .online_softmax import safe_shift
 
 
 class TileObserver:
@@ -52,11 +53,6 @@ def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     # Softmax statistics and accumulators in fp32 (fp64 for fp64 inputs): fp16/bf16
     # would lose the small terms of the running sums.
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _safe(m: torch.Tensor) -> torch.Tensor:
-    # rows whose running max is still −inf: subtract 0 so exp(−inf − 0) = 0, not NaN
-    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
 
 
 def _check_blocks(block_m, block_n):
@@ -113,7 +109,7 @@ def tiled_attention_forward(q, k, v, is_causal=False, scale=None, block_m=64, bl
             scores = q_tile @ k_tile.to(acc_dtype).transpose(-1, -2)         # S_ij = Q_i K_jᵀ·scale
             scores = _causal_tile(scores, q_start, k_start, is_causal)
             m_new = torch.maximum(m, scores.amax(dim=-1))                    # m' = max(m, rowmax S)
-            shift = _safe(m_new)
+            shift = safe_shift(m_new)
             p = torch.exp(scores - shift[..., None])                        # P̃ = exp(S − m')
             alpha = torch.exp(m - shift)                                     # exp(m − m')
             l = l * alpha + p.sum(dim=-1)                                    # l' = l·α + rowsum P̃  # noqa: E741
@@ -166,7 +162,7 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=False, scale
             q_tile, do_tile = q_tile.to(acc_dtype), do_tile.to(acc_dtype)
             scores = (q_tile * scale) @ k_tile.transpose(-1, -2)             # S_ij, recomputed
             scores = _causal_tile(scores, q_start, k_start, is_causal)
-            p = torch.exp(scores - _safe(lse[..., q_start:q_end])[..., None])  # P_ij = exp(S − L)
+            p = torch.exp(scores - safe_shift(lse[..., q_start:q_end])[..., None])  # P_ij = exp(S − L)
             dv += p.transpose(-1, -2) @ do_tile                              # dV_j += P_ijᵀ dO_i
             dp = do_tile @ v_tile.transpose(-1, -2)                          # dP_ij = dO_i V_jᵀ
             ds = p * (dp - delta[..., q_start:q_end, None])                  # dS = P ∘ (dP − D_i)
