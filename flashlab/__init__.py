@@ -10,6 +10,8 @@ The package the FlashLab course builds. Public API so far:
 - `online_softmax`, `tiled_attention`: FlashAttention's algorithm in PyTorch
   (streaming softmax state and merge; tiled forward and recomputing backward).
 - `fused_softmax`: a fused row-softmax Triton kernel.
+- `attention`, `MultiHeadAttention`: FlashAttention in Triton (forward, backward, masks,
+  GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
 """
 
@@ -36,12 +38,15 @@ from .reference import (
     rel_error,
 )
 from .tiled import tiled_attention
+from .attention import MultiHeadAttention, attention
 
 __version__ = "0.1.0"
 
 __all__ = [
     "TOLERANCE",
     "SoftmaxState",
+    "MultiHeadAttention",
+    "attention",
     "MemoryMeasurement",
     "NaiveAttentionMemory",
     "assert_close",

@@ -11,6 +11,7 @@ from . import runtime
 from .checks import check_attention_inputs, default_scale
 from .flash_triton import (
     LOG2E,
+    dropout_mask_kernel,
     flash_backward_dkdv_kernel,
     flash_backward_dq_kernel,
     flash_backward_preprocess_kernel,
@@ -59,11 +60,30 @@ def _mask_args(attn_mask, q, k):
     return mask, mask.stride(), True, attn_mask.dtype == torch.bool
 
 
+def draw_dropout_seed() -> int:
+    """The Philox seed of one dropout call, drawn from torch's default CPU generator, so
+    ``torch.manual_seed`` makes flashlab's dropout reproducible."""
+    return int(torch.randint(0, 2**31 - 1, ()).item())
+
+
+def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dropout_p: float,
+                      device="cpu") -> torch.Tensor:
+    """The boolean (batch, heads, Nq, Nk) keep mask Z that the kernels generate for ``seed``:
+    True where an attention weight survives. The kernels never store it; this exists so tests
+    (and the notebook) can check dropout exactly: O = (P ∘ Z / (1 − p)) V."""
+    keep = torch.empty(batch, heads, n_q, n_k, dtype=torch.uint8, device=device)
+    block = 32 if device == "cpu" or torch.device(device).type == "cpu" else 64
+    grid = (triton.cdiv(n_q, block), triton.cdiv(n_k, block), batch * heads)
+    dropout_mask_kernel[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    return keep.bool()
+
+
 class FlashAttentionFunction(torch.autograd.Function):
-    """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward."""
+    """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward
+    (with dropout also the seed: the mask is regenerated, never stored)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, is_causal, scale, exact_fp32):
+    def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32):
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
         interpreted = q.device.type != "cuda"
@@ -76,11 +96,12 @@ class FlashAttentionFunction(torch.autograd.Function):
         flash_forward_kernel[grid](
             q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
             *out.stride(), lse.stride(0), lse.stride(1),
-            H, n_q, n_k, head_dim, group, scale * LOG2E,
-            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
+            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
             BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **cfg)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
+        ctx.dropout_p, ctx.seed = dropout_p, seed
         return out
 
     @staticmethod
@@ -99,16 +120,16 @@ class FlashAttentionFunction(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         mask, mask_strides, has_mask, mask_is_bool = _mask_args(ctx.attn_mask, q, k)
         common = dict(IS_CAUSAL=ctx.is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                      BLOCK_D=block_d, INPUT_PRECISION=ctx.precision, **cfg)
+                      DROPOUT=ctx.dropout_p > 0, BLOCK_D=block_d, INPUT_PRECISION=ctx.precision, **cfg)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                    lse.stride(0), lse.stride(1))
         flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]), B * H_kv)](
             q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
-            H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, **common)
+            H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
         flash_backward_dq_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)](
             q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
-            H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, **common)
-        return dq, dk, dv, None, None, None, None
+            H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -125,9 +146,12 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"q: head dimension {q.shape[-1]} exceeds {MAX_HEAD_DIM}, the largest the "
                          "kernels keep on chip. Split the heads or use naive_attention.")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: {dropout_p} is not supported yet by flashlab.attention "
-                         "(dropout is not implemented in the kernels). Use dropout_p=0.0.")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: {dropout_p} is not a probability in [0, 1). "
+                         "Pass the fraction of attention weights to drop, e.g. 0.1.")
+    if dropout_p > 0 and q.shape[-2] * k.shape[-2] >= 2**31:
+        raise ValueError(f"dropout_p: dropout needs Nq·Nk < 2³¹ (the RNG counter is int32); got "
+                         f"Nq={q.shape[-2]}, Nk={k.shape[-2]}. Split the sequence or use dropout_p=0.0.")
 
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -140,7 +164,10 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
             with ``enable_gqa=True``). float16, bfloat16 or float32; D ≤ 256; any strides.
         attn_mask: broadcastable to ``(B, H, Nq, Nk)``; boolean (True = takes part) or float
             (added to the scores). Read tile by tile through its strides, never expanded.
-        dropout_p: must be 0.0 (dropout is not implemented yet; a ValueError says so).
+        dropout_p: probability of dropping each attention weight (survivors are scaled by
+            1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The mask comes from an in-kernel
+            Philox RNG seeded from torch's default generator (`draw_dropout_seed`) and is
+            regenerated in the backward, never stored; `dropout_keep_mask` reproduces it.
         is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). Key tiles
             entirely above the diagonal are skipped.
         scale: default ``1/sqrt(D)``.
@@ -153,22 +180,25 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     Where it runs: CUDA tensors run the compiled Triton kernels. CPU tensors run the same
     kernels in Triton's interpreter when it is on (``TRITON_INTERPRET=1``, which
     ``import flashlab`` sets on a machine without a GPU); otherwise the PyTorch
-    implementation (`tiled_attention`, or `naive_attention` for masks and GQA).
+    implementation (`tiled_attention`, or `naive_attention` for masks, GQA and dropout,
+    where dropout then draws its mask with ``torch.nn.functional.dropout``).
     """
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     scale = default_scale(q.shape[-1], scale)
+    dropout_p = float(dropout_p)
     if q.device.type == "cuda" or runtime.triton_interpreted():
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q: dtype {q.dtype} is not supported by the kernels; "
                              "use float16, bfloat16 or float32.")
         if q.device.type not in ("cuda", "cpu"):
             raise ValueError(f"q: device {q.device} is not supported; use a CUDA or CPU tensor.")
-        return FlashAttentionFunction.apply(q, k, v, attn_mask, is_causal, scale, exact_fp32)
+        seed = draw_dropout_seed() if dropout_p > 0 else 0
+        return FlashAttentionFunction.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32)
     group = q.shape[1] // k.shape[1]
-    if attn_mask is None and group == 1:
+    if attn_mask is None and group == 1 and dropout_p == 0:
         return tiled_attention(q, k, v, is_causal=is_causal, scale=scale)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return naive_attention(q, k, v, attn_mask, is_causal, scale)
+    return naive_attention(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p)
 
 
 class MultiHeadAttention(nn.Module):
@@ -180,23 +210,25 @@ class MultiHeadAttention(nn.Module):
         num_heads: attention heads.
         causal: apply a causal mask (for decoders).
         bias: biases in the projections.
+        dropout: attention-weight dropout probability, applied only in training mode.
     Input ``(B, N, embed_dim)`` → output ``(B, N, embed_dim)``. ``forward`` also takes an
     optional ``attn_mask`` broadcastable to ``(B, H, N, N)``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, bias: bool = True,
-                 attention_fn=attention):
+                 dropout: float = 0.0, attention_fn=attention):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"num_heads: {num_heads} does not divide embed_dim={embed_dim}.")
         self.num_heads, self.head_dim, self.causal = num_heads, embed_dim // num_heads, causal
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.attention_fn = attention_fn
+        self.attention_fn, self.dropout = attention_fn, dropout
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
         # one matmul for q, k and v; (B, N, 3, H, D) → three (B, H, N, D) views, no copies
         q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = self.attention_fn(q, k, v, attn_mask=attn_mask, is_causal=self.causal and attn_mask is None)
+        y = self.attention_fn(q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+                              is_causal=self.causal and attn_mask is None)
         return self.out(y.transpose(1, 2).reshape(B, N, -1))

@@ -19,6 +19,13 @@ Backward:
     dQ pass      one program per query block: dQ_i += dS K_j · scale
 No atomics: every output tile has exactly one writer, so results are deterministic.
 
+Dropout (FlashAttention's way): entry (b, h, i, j) of P is kept iff a Philox random number,
+keyed by (seed, b·H + h) and counted by i·Nk + j, is ≥ p. Every kernel that needs the
+bit for (b, h, i, j) regenerates it, so the N×N mask is never stored:
+    forward      acc += (P̃ ∘ Z) V_j, and O = acc / (l·(1 − p))   (l sums the undropped P̃)
+    backward     dV += (P ∘ Z/(1−p))ᵀ dO,  dP = (dO Vᵀ) ∘ Z/(1−p),  dS = P ∘ (dP − D)
+D = rowsum(dO ∘ O) still equals rowsum(P ∘ dP) because O already holds the dropped P.
+
 Masks are read tile by tile through their strides; broadcast dimensions have stride 0,
 so a (B, 1, 1, Nk) key-padding mask is never expanded in memory.
 """
@@ -51,12 +58,34 @@ def _tile_scores(q, k, mask_ptrs, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
 
 
 @triton.jit
+def dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p):
+    """Z for one tile: True where entry (zh, i, j) survives dropout (probability 1 − p).
+
+    Philox maps a 64-bit key and a counter to a uniform number in [0, 1). The key is
+    (batch·head, seed), so every head has its own stream; the counter is i·Nk + j, the
+    entry's position in that head's Nq × Nk score matrix (int32: Nq·Nk < 2³¹, checked)."""
+    key = (zh.to(tl.int64) << 32) + seed
+    return tl.rand(key, offs_m[:, None] * n_k + cols[None, :]) >= dropout_p
+
+
+@triton.jit(do_not_specialize=["seed"])
+def dropout_mask_kernel(KEEP, seed, n_q, n_k, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Writes Z for (B·H, Nq, Nk) as uint8, so tests can see the mask the kernels use."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    zh = tl.program_id(2)
+    keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
+    ok = (offs_m < n_q)[:, None] & (cols < n_k)[None, :]
+    tl.store(KEEP + (zh.to(tl.int64) * n_q + offs_m[:, None]) * n_k + cols[None, :], keep.to(tl.uint8), mask=ok)
+
+
+@triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
     Q, K, V, MASK, O, L,
     sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
     smz, smh, smm, smn, soz, soh, som, sod, slz, slh,
-    H, n_q, n_k, head_dim, GROUP, qk_scale,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -91,11 +120,15 @@ def flash_forward_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd,
                     mask=kv_ok, other=0.0)
+        if DROPOUT:                                             # l keeps every P̃; only acc sees Z
+            p = tl.where(dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p), p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new
 
     has_key = l_i > 0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]               # a row with no key: 0, not 0/0
+    if DROPOUT:
+        o = o * (1.0 / (1.0 - dropout_p))                       # survivors scaled by 1/(1 − p)
     row_ok = offs_m < n_q
     tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
              o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -119,14 +152,14 @@ def flash_backward_preprocess_kernel(O, DO, DELTA, soz, soh, som, sod, sdz, sdh,
     tl.store(DELTA + zh * n_q + offs_m, delta, mask=offs_m < n_q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def flash_backward_dkdv_kernel(
     Q, K, V, MASK, DO, L, DELTA, DK, DV,
     sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
     smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh,
     sdkz, sdkh, sdkn, sdkd, sdvz, sdvh, sdvn, sdvd,
-    H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     start_n = tl.program_id(0) * BLOCK_N
@@ -159,8 +192,14 @@ def flash_backward_dkdv_kernel(
             p = tl.math.exp2(s - lse[:, None])                   # P = 2^(S − L), recomputed
             do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd,
                          mask=q_ok, other=0.0)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)   # dV += Pᵀ dO
             dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
+            if DROPOUT:
+                keep = dropout_keep(seed, z * H + h, offs_m, offs_n, n_k, dropout_p)
+                p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+                dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+                dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
+            else:
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
             delta = tl.load(DELTA + (z * H + h) * n_q + offs_m, mask=offs_m < n_q, other=0.0)
             ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
@@ -170,13 +209,13 @@ def flash_backward_dkdv_kernel(
              dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def flash_backward_dq_kernel(
     Q, K, V, MASK, DO, L, DELTA, DQ,
     sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
     smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh, sdqz, sdqh, sdqm, sdqd,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -207,6 +246,9 @@ def flash_backward_dq_kernel(
         p = tl.math.exp2(s - lse[:, None])
         v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)               # dQ += dS K
     tl.store(DQ + z * sdqz + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,

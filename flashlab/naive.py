@@ -31,6 +31,9 @@ def naive_attention(
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    *,
+    dropout_p: float = 0.0,
+    dropout_keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention, written with ``einsum`` and ``softmax``.
 
@@ -42,6 +45,10 @@ def naive_attention(
             key takes part) or float (added to the scores, ``-inf`` removes a key).
         is_causal: query i sees keys ``0..i`` (top-left aligned, as in PyTorch's SDPA).
         scale: softmax temperature, default ``1/sqrt(D)``.
+        dropout_p: probability of dropping each weight of P; survivors are scaled by
+            1/(1 − p). The mask is drawn with ``torch.nn.functional.dropout`` unless
+        dropout_keep: a given boolean keep mask Z (broadcastable to ``(..., Nq, Nk)``) is
+            used instead, so a kernel's own dropout can be checked exactly.
 
     Returns:
         ``(..., Nq, Dv)`` in the dtype of q. A query row whose every key is masked out
@@ -77,6 +84,10 @@ def naive_attention(
     scores = torch.softmax(scores, dim=-1)
     if empty_rows is not None:
         scores = scores.masked_fill(empty_rows, 0.0)
+    if dropout_keep is not None:
+        scores = scores * dropout_keep / (1.0 - dropout_p)       # P ∘ Z / (1 − p)
+    elif dropout_p > 0:
+        scores = torch.nn.functional.dropout(scores, dropout_p)
 
     # O = P V
     return torch.einsum("...ij,...jd->...id", scores, v)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlab import assert_close, reference_attention, reference_gradients
-from flashlab.attention import MultiHeadAttention, attention
+from flashlab.attention import MultiHeadAttention, attention, draw_dropout_seed, dropout_keep_mask
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -18,20 +18,27 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 8e-3}
 
 
-def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd"):
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0):
     make = lambda h, n: torch.randn(B, h, n, D, device=DEVICE, dtype=dtype)  # noqa: E731
     if q_layout == "bnhd":  # a (B, N, H, D) tensor seen as (B, H, N, D): strided, no copy
         q = torch.randn(B, Nq, H, D, device=DEVICE, dtype=dtype).transpose(1, 2).requires_grad_()
     else:
         q = make(H, Nq).requires_grad_()
     k, v = make(H_kv, Nk).requires_grad_(), make(H_kv, Nk).requires_grad_()
-    out = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=H != H_kv, exact_fp32=True)
+    rng = torch.random.get_rng_state()
+    out = attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=H != H_kv,
+                    exact_fp32=True)
+    keep = None
+    if dropout_p:  # replay the seed the call drew and ask the kernels for the mask Z they used
+        torch.random.set_rng_state(rng)
+        keep = dropout_keep_mask(draw_dropout_seed(), B, H, Nq, Nk, dropout_p, device=DEVICE)
+    drop = dict(dropout_p=dropout_p, dropout_keep=keep)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     group = H // H_kv
     k_full, v_full = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    assert_close(out, reference_attention(q, k_full, v_full, attn_mask, is_causal), tol=TOL[dtype])
-    dq, dk, dv = reference_gradients(q, k_full, v_full, grad_out, attn_mask, is_causal)
+    assert_close(out, reference_attention(q, k_full, v_full, attn_mask, is_causal, **drop), tol=TOL[dtype])
+    dq, dk, dv = reference_gradients(q, k_full, v_full, grad_out, attn_mask, is_causal, **drop)
     dk = dk.view(B, H_kv, group, Nk, D).sum(2)   # a shared k/v head collects every q head's gradient
     dv = dv.view(B, H_kv, group, Nk, D).sum(2)
     for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), (dq, dk, dv)):
@@ -80,6 +87,52 @@ def test_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("Nq,Nk,is_causal", [(17, 17, False), (100, 70, True), (1, 33, False)])
+def test_dropout_matches_reference_with_the_kernels_mask(Nq, Nk, is_causal, dtype):
+    """O = (P ∘ Z/(1−p)) V and its gradients, with Z the mask the kernels regenerate."""
+    _check(2, 2, 2, Nq, Nk, 16, is_causal, dtype, dropout_p=0.3)
+
+
+def test_dropout_with_gqa_and_mask():
+    keep = torch.rand(2, 1, 1, 45, device=DEVICE) > 0.3
+    _check(2, 4, 2, 30, 45, 32, False, torch.float32, attn_mask=keep, dropout_p=0.2)
+
+
+@pytest.mark.parametrize("dropout_p", [0.1, 0.5])
+def test_dropout_keep_rate_and_independence(dropout_p):
+    B, H, Nq, Nk = 2, 3, 70, 90
+    keep = dropout_keep_mask(draw_dropout_seed(), B, H, Nq, Nk, dropout_p, device=DEVICE).float()
+    n = keep.numel()
+    sigma = (dropout_p * (1 - dropout_p) / n) ** 0.5
+    # keep rate 1 − p within 5 standard errors (a false alarm about once in 3.5 million runs)
+    assert abs(keep.mean().item() - (1 - dropout_p)) < 5 * sigma, keep.mean().item()
+    per_head = keep.mean(dim=(2, 3)).flatten()
+    assert (per_head - (1 - dropout_p)).abs().max() < 5 * sigma * (B * H) ** 0.5   # every head, too
+    assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])  # own streams
+    # neighbouring entries are uncorrelated: agreement of Z with its right neighbour ≈ p² + (1−p)²
+    agree = (keep[..., 1:] == keep[..., :-1]).float().mean().item()
+    assert abs(agree - (dropout_p**2 + (1 - dropout_p) ** 2)) < 0.02
+
+
+def test_dropout_reproducible_from_torch_seed():
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
+    runs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        runs.append(attention(q, k, v, dropout_p=0.25))
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_module_drops_only_in_training():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 2, dropout=0.5).to(DEVICE)
+    x = torch.randn(1, 20, 32, device=DEVICE)
+    assert not torch.equal(layer(x), layer(x))          # training: a new mask per call
+    layer.eval()
+    assert torch.equal(layer(x), layer(x))
+
+
 def test_drop_in_for_sdpa_in_a_module():
     torch.manual_seed(0)
     layer = MultiHeadAttention(64, 4, causal=True).to(DEVICE)
@@ -90,7 +143,8 @@ def test_drop_in_for_sdpa_in_a_module():
 
 
 @pytest.mark.parametrize("kwargs,argument", [
-    ({"dropout_p": 0.1}, "dropout_p"),
+    ({"dropout_p": 1.0}, "dropout_p"),
+    ({"dropout_p": -0.1}, "dropout_p"),
     ({"k": torch.randn(1, 3, 8, 16)}, "k"),                         # heads differ without GQA
     ({"q": torch.randn(2, 8, 16), "k": torch.randn(2, 8, 16), "v": torch.randn(2, 8, 16)}, "q"),  # 3-D
     ({"q": torch.randn(1, 2, 8, 512), "k": torch.randn(1, 2, 8, 512), "v": torch.randn(1, 2, 8, 512)}, "q"),
@@ -117,3 +171,11 @@ def test_half_precision_on_gpu(Nq, Nk, D, is_causal, dtype):
 @pytest.mark.parametrize("N", [4096, 16384])
 def test_long_sequences_on_gpu(N):
     _check(1, 2, 2, N, N, 64, True, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("Nq,Nk,D,is_causal", [(1000, 1000, 64, True), (257, 1000, 128, False),
+                                               (4096, 4096, 128, True)])
+def test_dropout_on_gpu(Nq, Nk, D, is_causal, dtype):
+    _check(1, 2, 2, Nq, Nk, D, is_causal, dtype, dropout_p=0.1)
