@@ -78,6 +78,22 @@ def test_strided_input_and_scale():
                  tol=1e-5)
 
 
+def test_causal_tiles_past_the_diagonal_are_never_read():
+    """40 queries, 400 keys, causal: keys ≥ 40 are masked for every query. Key and value
+    rows from 256 on hold NaN; a kernel that loaded those tiles (and masked afterwards)
+    would return NaN, since 0 · NaN = NaN in P V and in the backward's dO Vᵀ."""
+    q, grad_out = (torch.randn(1, 2, 40, 32, device=DEVICE) for _ in range(2))
+    k, v = (torch.randn(1, 2, 400, 32, device=DEVICE) for _ in range(2))
+    k[:, :, 256:], v[:, :, 256:] = float("nan"), float("nan")
+    k.requires_grad_(), v.requires_grad_(), q.requires_grad_()
+    out = attention(q, k, v, is_causal=True, exact_fp32=True)
+    out.backward(grad_out)
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+    assert (k.grad[:, :, 40:] == 0).all() and (v.grad[:, :, 40:] == 0).all()
+    assert_close(out, reference_attention(q, k[:, :, :40], v[:, :, :40], is_causal=True), tol=1e-5)
+
+
 def test_deterministic():
     q, k, v = (torch.randn(1, 2, 70, 16, device=DEVICE, requires_grad=True) for _ in range(3))
     runs = []
