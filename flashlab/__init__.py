@@ -38,7 +38,7 @@ from .reference import (
     rel_error,
 )
 from .tiled import tiled_attention
-from .attention import MultiHeadAttention, attention
+from .flash_attention import MultiHeadAttention, attention
 
 __version__ = "0.1.0"
 

@@ -73,7 +73,7 @@ def _sdpa_with(backend):
 
 def attention_implementations(device: str) -> dict:
     """name -> fn(q, k, v, is_causal): flashlab and each SDPA backend forced (GPU)."""
-    from .attention import attention
+    from .flash_attention import attention
 
     impls = {"flashlab": lambda q, k, v, is_causal: attention(q, k, v, is_causal=is_causal)}
     if device == "cuda":

@@ -37,6 +37,30 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x·log2 e)
 
+SKIPPED, MASKED, FULL = 0, 1, 2   # what the causal forward does with a (query block, key block) tile
+
+
+def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int) -> list[list[int]]:
+    """For causal attention (no attn_mask), what `flash_forward_kernel` does with each
+    (query block, key block) tile: SKIPPED (its loop stops before the tile), FULL (computed
+    on the unchecked path: the tile ends before the block's first query and inside Nk) or
+    MASKED (computed with bounds and causal masks). Rows are query blocks, columns key
+    blocks. The bounds are the kernel's own: ``hi = min(n_k, (start_m + 1)·BLOCK_M)`` and
+    ``clean_hi`` = the block's first query rounded down to a BLOCK_N multiple."""
+    plan = []
+    for start_m in range(0, n_q, block_m):
+        hi = min(n_k, start_m + block_m)
+        row = []
+        for start_n in range(0, n_k, block_n):
+            if start_n >= hi:
+                row.append(SKIPPED)
+            elif start_n + block_n <= start_m and start_n + block_n <= n_k:
+                row.append(FULL)
+            else:
+                row.append(MASKED)
+        plan.append(row)
+    return plan
+
 
 @triton.jit
 def _tile_scores(q, k, mask_ptrs, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
@@ -79,6 +103,45 @@ def dropout_mask_kernel(KEEP, seed, n_q, n_k, dropout_p, BLOCK_M: tl.constexpr, 
     tl.store(KEEP + (zh.to(tl.int64) * n_q + offs_m[:, None]) * n_k + cols[None, :], keep.to(tl.uint8), mask=ok)
 
 
+@triton.jit
+def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, lo, hi,
+                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+                   CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                   MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m).
+
+    CHECKED=False is the fast path for tiles known to need no masking at all (inside Nk,
+    below the causal diagonal, no attn_mask): no bounds checks, no −inf fills."""
+    d_ok = offs_d < head_dim
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if CHECKED:
+            kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
+            k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
+            s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+            v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
+        else:
+            if EVEN_D:
+                k = tl.load(k_ptrs + start_n * skn)
+                v = tl.load(v_ptrs + start_n * svn)
+            else:
+                k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
+        p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
+        alpha = tl.math.exp2(m_i - m_safe)                      # 2^(m − m')
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:                                             # l keeps every P̃; only acc sees Z
+            p = tl.where(dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p), p, 0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
     Q, K, V, MASK, O, L,
@@ -86,9 +149,12 @@ def flash_forward_kernel(
     smz, smh, smm, smn, soz, soh, som, sod, slz, slh,
     H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     start_m = tl.program_id(0)
+    if IS_CAUSAL:  # the longest programs (last query blocks) first: a better-filled last wave
+        start_m = tl.num_programs(0) - 1 - start_m
     zh = tl.program_id(1)
     z, h = zh // H, zh % H
     kv_h = h // GROUP                                   # GQA: q heads h share k/v head h // GROUP
@@ -102,28 +168,29 @@ def flash_forward_kernel(
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_ptrs = K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
+    mask_ptrs = MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn
 
     hi = n_k
     if IS_CAUSAL:
         hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)   # key blocks past the diagonal: skipped
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
-        k = tl.load(K + z * skz + kv_h * skh + cols[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-        s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + cols[None, :] * smn,
-                         offs_m, offs_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL,
-                         INPUT_PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
-        p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
-        alpha = tl.math.exp2(m_i - m_safe)                      # 2^(m − m')
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd,
-                    mask=kv_ok, other=0.0)
-        if DROPOUT:                                             # l keeps every P̃; only acc sees Z
-            p = tl.where(dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p), p, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+    # Tiles that need no mask: whole key blocks inside Nk and (causal) entirely at or below
+    # the diagonal, i.e. ending at or before this block's first query. With an attn_mask
+    # every tile goes through the checked path.
+    clean_hi = 0
+    if not HAS_MASK:
+        clean_hi = (n_k // BLOCK_N) * BLOCK_N
+        if IS_CAUSAL:
+            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, 0, clean_hi,
+                                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+                                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D,
+                                   BLOCK_N, INPUT_PRECISION)
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, clean_hi, hi,
+                                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+                                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, False,
+                                   BLOCK_N, INPUT_PRECISION)
 
     has_key = l_i > 0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]               # a row with no key: 0, not 0/0

@@ -7,7 +7,7 @@ Found on 2026-12-02 (Triton 3.6): BLOCK_M < BLOCK_N with 2 stages gave dK errors
 
 import torch
 
-import flashlab.attention as flash
+import flashlab.flash_attention as flash
 from flashlab import reference_gradients, rel_error
 
 

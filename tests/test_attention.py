@@ -1,4 +1,4 @@
-"""flashlab.attention (Triton kernels): forward and gradients against float64.
+"""flashlab.attention (flashlab/flash_attention.py, Triton kernels): forward and gradients against float64.
 
 On a CPU the kernels run in Triton's interpreter at small sizes; on a GPU the same tests
 run compiled, plus bf16 and long sequences (marked `gpu`)."""
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlab import assert_close, reference_attention, reference_gradients
-from flashlab.attention import MultiHeadAttention, attention, draw_dropout_seed, dropout_keep_mask
+from flashlab.flash_attention import MultiHeadAttention, attention, draw_dropout_seed, dropout_keep_mask
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -195,3 +195,23 @@ def test_long_sequences_on_gpu(N):
                                                (4096, 4096, 128, True)])
 def test_dropout_on_gpu(Nq, Nk, D, is_causal, dtype):
     _check(1, 2, 2, Nq, Nk, D, is_causal, dtype, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("n_q,n_k,block_m,block_n", [(256, 256, 64, 32), (128, 512, 128, 64), (100, 70, 32, 32),
+                                                     (1, 1, 32, 32), (300, 200, 64, 64)])
+def test_causal_tile_plan_skips_only_useless_tiles(n_q, n_k, block_m, block_n):
+    """Every tile holding an entry with key j ≤ query i (inside Nq × Nk) is computed; a tile
+    marked FULL has no masked entry; when Nq is a block multiple, nothing useless is computed."""
+    from flashlab.flash_triton import FULL, SKIPPED, causal_tile_plan
+    plan = causal_tile_plan(n_q, n_k, block_m, block_n)
+    for bm, row in enumerate(plan):
+        queries = range(bm * block_m, min((bm + 1) * block_m, n_q))
+        for bn, kind in enumerate(row):
+            keys = range(bn * block_n, min((bn + 1) * block_n, n_k))
+            needed = any(j <= i for i in queries for j in keys)
+            if needed:
+                assert kind != SKIPPED, (bm, bn)
+            elif n_q % block_m == 0:
+                assert kind == SKIPPED, (bm, bn)
+            if kind == FULL:
+                assert len(keys) == block_n and all(j <= i for i in queries for j in keys), (bm, bn)

@@ -98,7 +98,7 @@ class FlashAttentionFunction(torch.autograd.Function):
             *out.stride(), lse.stride(0), lse.stride(1),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **cfg)
+            EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **cfg)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
         ctx.dropout_p, ctx.seed = dropout_p, seed
