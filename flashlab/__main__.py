@@ -2,7 +2,10 @@
 
   bench-softmax     time the fused softmax against torch.softmax and the unfused ops
   bench-attention   time flashlab.attention against PyTorch's SDPA backends (TFLOP/s)
-Both print a table and, with --out, write JSON (GPU name, versions, date, every row).
+  train             train the causal transformer on associative recall (flashlab.train);
+                    every TrainConfig field is an option, e.g. --precision bf16-mixed
+The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
+Data-parallel training: torchrun --nproc_per_node 2 -m flashlab train …
 """
 
 from __future__ import annotations
@@ -45,6 +48,35 @@ def _bench_attention(args) -> None:
               f"{r['mode']:>7} {speed}")
 
 
+def _add_train_options(parser) -> None:
+    """One option per TrainConfig field, typed and defaulted from the dataclass."""
+    import dataclasses
+
+    from .train import TrainConfig
+
+    for field in dataclasses.fields(TrainConfig):
+        name = "--" + field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            kind = {"int": int, "float": float}.get(str(field.type), str)
+            parser.add_argument(name, type=kind, default=field.default, help=f"default: {field.default}")
+
+
+def _train(args) -> None:
+    import dataclasses
+
+    from .train import TrainConfig, Trainer
+
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    trainer = Trainer(config)
+    history = trainer.fit()
+    if trainer.rank == 0:
+        last = history[-1] if history else {}
+        print(f"steps {trainer.step}, skipped {trainer.skipped_steps}, last loss {last.get('loss', float('nan')):.4f}, "
+              f"recall accuracy (held-out) {trainer.evaluate():.3f}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,8 +94,9 @@ def main(argv=None) -> int:
     attn.add_argument("--tokens", type=int, default=16384, help="B·N, kept constant across N")
     attn.add_argument("--heads", type=int, default=16)
     attn.add_argument("--out", help="write the results as JSON to this file")
+    _add_train_options(commands.add_parser("train", help="train the causal transformer (flashlab.train)"))
     args = parser.parse_args(argv)
-    {"bench-softmax": _bench_softmax, "bench-attention": _bench_attention}[args.command](args)
+    {"bench-softmax": _bench_softmax, "bench-attention": _bench_attention, "train": _train}[args.command](args)
     return 0
 
 
