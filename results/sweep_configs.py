@@ -22,7 +22,7 @@ FORWARD = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
            (128, 64, 4, 4), (128, 128, 4, 3), (64, 128, 4, 3), (128, 64, 8, 4)]
 BACKWARD = [(64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 1), (64, 64, 4, 1),
             (128, 64, 8, 1), (64, 128, 8, 1), (32, 32, 4, 2)]
-SHAPES = [(n, d, c) for n in (1024, 4096, 16384) for d in (64, 128) for c in (False, True)]
+SHAPES = [(n, d, c) for n in (4096, 16384, 1024) for d in (128, 64) for c in (False, True)]
 TOKENS, HEADS = 16384, 16
 
 
@@ -102,6 +102,7 @@ def main(path):
         best = {m: min(r["ms"] for r in here if r["impl"] == "flashlab" and r["mode"] == m) for m in ("fwd", "fwd+bwd")}
         print(f"N={n} D={d} causal={causal}: best fwd {base['fwd'] / best['fwd']:.2f}x flash, "
               f"best fwd+bwd {base['fwd+bwd'] / best['fwd+bwd']:.2f}x flash", flush=True)
+        json.dump({"environment": environment(), "checks": checks, "rows": rows}, open(path, "w"), indent=1)
     json.dump({"environment": environment(), "checks": checks, "rows": rows}, open(path, "w"), indent=1)
 
 
