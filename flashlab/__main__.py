@@ -1,7 +1,8 @@
 """Command line: ``python -m flashlab <command>``.
 
   bench-softmax     time the fused softmax against torch.softmax and the unfused ops
-  bench-attention   time flashlab.attention against PyTorch's SDPA backends (TFLOP/s)
+  bench             time flashlab.attention, naive attention, every SDPA backend and
+                    FlexAttention: forward, backward, forward+backward, TFLOP/s, extra memory
   train             train the causal transformer on associative recall (flashlab.train);
                     every TrainConfig field is an option, e.g. --precision bf16-mixed
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
@@ -37,13 +38,21 @@ def _bench_attention(args) -> None:
     from .bench import benchmark_attention
     from .results import environment
 
+    env = environment()
+
+    def save(rows):
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+
     rows = benchmark_attention(args.seq_lens, args.head_dims, tuple(c == "causal" for c in args.masks),
-                               tuple(getattr(torch, d) for d in args.dtypes), tokens=args.tokens, heads=args.heads)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"environment": environment(), "rows": rows}, indent=1))
+                               tuple(getattr(torch, d) for d in args.dtypes), tokens=args.tokens, heads=args.heads,
+                               flex_seq_lens=args.flex_seq_lens, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                               on_progress=save)
     for r in rows:
         speed = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if "ms" in r else f"error: {r['error'][:60]}"
+        if r.get("extra_bytes") is not None:
+            speed += f" {r['extra_bytes'] / 2**20:9.1f} MiB extra"
         print(f"{r['impl']:>15} N={r['N']:>6} D={r['D']:>3} causal={r['causal']!s:5} {r['dtype']:>14} "
               f"{r['mode']:>7} {speed}")
 
@@ -86,17 +95,23 @@ def main(argv=None) -> int:
     softmax.add_argument("--cols", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
     softmax.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
     softmax.add_argument("--out", help="write the results as JSON to this file")
-    attn = commands.add_parser("bench-attention", help="benchmark attention against SDPA backends")
+    attn = commands.add_parser("bench", aliases=["bench-attention"],
+                               help="benchmark attention: flashlab, naive, every SDPA backend, FlexAttention")
     attn.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     attn.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     attn.add_argument("--masks", nargs="+", choices=["full", "causal"], default=["full", "causal"])
     attn.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["bfloat16", "float16"])
     attn.add_argument("--tokens", type=int, default=16384, help="B·N, kept constant across N")
     attn.add_argument("--heads", type=int, default=16)
+    attn.add_argument("--flex-seq-lens", type=int, nargs="*", default=None,
+                      help="run FlexAttention (compiled per shape) only at these N (default: all)")
+    attn.add_argument("--warmup-ms", type=int, default=25)
+    attn.add_argument("--rep-ms", type=int, default=100)
     attn.add_argument("--out", help="write the results as JSON to this file")
     _add_train_options(commands.add_parser("train", help="train the causal transformer (flashlab.train)"))
     args = parser.parse_args(argv)
-    {"bench-softmax": _bench_softmax, "bench-attention": _bench_attention, "train": _train}[args.command](args)
+    {"bench-softmax": _bench_softmax, "bench": _bench_attention, "bench-attention": _bench_attention,
+     "train": _train}[args.command](args)
     return 0
 
 

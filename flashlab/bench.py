@@ -71,26 +71,70 @@ def _sdpa_with(backend):
     return run
 
 
-def attention_implementations(device: str) -> dict:
-    """name -> fn(q, k, v, is_causal): flashlab and each SDPA backend forced (GPU)."""
-    from .flash_attention import attention
+def _flex_attention():
+    """FlexAttention (torch.compile'd), with the causal block mask cached per length."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    impls = {"flashlab": lambda q, k, v, is_causal: attention(q, k, v, is_causal=is_causal)}
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def run(q, k, v, is_causal):
+        mask = None
+        if is_causal:
+            key = (q.shape[2], k.shape[2], q.device)
+            if key not in masks:
+                masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2],
+                                               device=q.device)
+            mask = masks[key]
+        return compiled(q, k, v, block_mask=mask)
+    return run
+
+
+def attention_implementations(device: str, flex: bool = True) -> dict:
+    """name -> fn(q, k, v, is_causal): flashlab, naive attention, and on a GPU each SDPA
+    backend forced (flash, cuDNN, memory-efficient, math) and FlexAttention."""
+    from .flash_attention import attention
+    from .naive import naive_attention
+
+    impls = {"flashlab": lambda q, k, v, is_causal: attention(q, k, v, is_causal=is_causal),
+             "naive": lambda q, k, v, is_causal: naive_attention(q, k, v, is_causal=is_causal)}
+    from torch.nn.attention import SDPBackend
+    impls["sdpa_math"] = _sdpa_with(SDPBackend.MATH)
     if device == "cuda":
-        from torch.nn.attention import SDPBackend
         impls.update({"sdpa_flash": _sdpa_with(SDPBackend.FLASH_ATTENTION),
                       "sdpa_cudnn": _sdpa_with(SDPBackend.CUDNN_ATTENTION),
                       "sdpa_efficient": _sdpa_with(SDPBackend.EFFICIENT_ATTENTION)})
+        if flex:
+            impls["flex"] = _flex_attention()
     return impls
 
 
+def _extra_memory(fn, device) -> int | None:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dtypes=(torch.bfloat16,),
-                        tokens=16384, heads=16, modes=("fwd", "fwd+bwd"), device=None) -> list[dict]:
-    """Time every implementation with B·N = ``tokens``; TFLOP/s by `attention_flops`."""
+                        tokens=16384, heads=16, modes=("fwd", "bwd", "fwd+bwd"), device=None, impls=None,
+                        flex_seq_lens=None, skip=(), warmup_ms=25, rep_ms=100, on_progress=None) -> list[dict]:
+    """Time every implementation with B·N = ``tokens``: forward (no autograd graph),
+    backward alone (forward done outside the timing) and forward+backward; TFLOP/s by
+    `attention_flops`; on CUDA the extra memory (peak above the inputs) of a forward
+    and of a forward+backward. ``flex_seq_lens`` limits FlexAttention (compiled per
+    shape) to these N; ``skip`` holds (impl, N) pairs not to run. A backend that
+    refuses a shape (or runs out of memory) gets a row with its error. ``on_progress(rows)``
+    is called after every shape (to save partial results of a long run)."""
     from tqdm.auto import tqdm
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    impls = attention_implementations(device)
+    impls = impls or attention_implementations(device)
     configs = [(n, d, c, dt) for n in seq_lens for d in head_dims for c in causal for dt in dtypes]
     rows = []
     for n, d, is_causal, dtype in tqdm(configs, desc="attention benchmark"):
@@ -99,22 +143,38 @@ def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dty
                    for _ in range(3))
         grad_out = torch.randn(batch, heads, n, d, device=device, dtype=dtype)
         for name, fn in impls.items():
-            for mode in modes:
-                def step(fn=fn, mode=mode, is_causal=is_causal, qkv=(q, k, v), grad_out=grad_out):
-                    out = fn(*qkv, is_causal)
-                    if mode == "fwd+bwd":
-                        torch.autograd.grad(out, qkv, grad_out)
-                try:
+            if (name == "flex" and flex_seq_lens is not None and n not in flex_seq_lens) or (name, n) in skip:
+                continue
+            base = {"impl": name, "B": batch, "H": heads, "N": n, "D": d, "causal": is_causal, "dtype": str(dtype)}
+
+            def forward(fn=fn, is_causal=is_causal, qkv=(q, k, v)):
+                with torch.no_grad():
+                    fn(*qkv, is_causal)
+
+            def forward_backward(fn=fn, is_causal=is_causal, qkv=(q, k, v), grad_out=grad_out):
+                torch.autograd.grad(fn(*qkv, is_causal), qkv, grad_out)
+
+            def backward(out, qkv=(q, k, v), grad_out=grad_out):
+                torch.autograd.grad(out, qkv, grad_out, retain_graph=True)
+
+            try:
+                out = fn(q, k, v, is_causal)          # warm-up (and compilation), and the graph for "bwd"
+                memory = {"fwd": _extra_memory(forward, device), "fwd+bwd": _extra_memory(forward_backward, device)}
+                for mode in modes:
                     if mode == "fwd":
-                        with torch.no_grad():
-                            ms = time_ms(step, device)
+                        ms = time_ms(forward, device, warmup_ms, rep_ms)
+                    elif mode == "bwd":
+                        ms = time_ms(lambda out=out: backward(out), device, warmup_ms, rep_ms)
                     else:
-                        ms = time_ms(step, device)
-                except RuntimeError as exc:  # a backend that refuses this shape
-                    rows.append({"impl": name, "B": batch, "H": heads, "N": n, "D": d, "causal": is_causal,
-                                 "dtype": str(dtype), "mode": mode, "error": str(exc).splitlines()[0][:200]})
-                    continue
-                rows.append({"impl": name, "B": batch, "H": heads, "N": n, "D": d, "causal": is_causal,
-                             "dtype": str(dtype), "mode": mode, "ms": ms,
-                             "tflops": attention_flops(batch, heads, n, d, is_causal, mode) / ms / 1e9})
+                        ms = time_ms(forward_backward, device, warmup_ms, rep_ms)
+                    rows.append({**base, "mode": mode, "ms": ms,
+                                 "tflops": attention_flops(batch, heads, n, d, is_causal, mode) / ms / 1e9,
+                                 "extra_bytes": memory.get(mode)})
+                del out
+            except (RuntimeError, torch.OutOfMemoryError) as exc:   # a backend that refuses this shape
+                rows.append({**base, "mode": "all", "error": str(exc).splitlines()[0][:200]})
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        if on_progress is not None:
+            on_progress(rows)
     return rows

@@ -72,3 +72,34 @@ def peak_flops(device_name: str, precision: Precision) -> float | None:
         if gpu in device_name:
             return peaks[kind]
     return None
+
+
+# ------------------------------------------------------------------ the formats themselves
+FORMATS = {  # name: (dtype to round through, exponent bits, mantissa bits)
+    "fp32": (torch.float32, 8, 23),
+    "tf32": (None, 8, 10),          # a tensor-core input format: fp32's range, fp16's precision
+    "fp16": (torch.float16, 5, 10),
+    "bf16": (torch.bfloat16, 8, 7),
+}
+
+
+def format_properties(name: str) -> dict:
+    """Largest finite value, smallest normal and subnormal, machine epsilon of a format,
+    from its bit counts (IEEE-754 style, as torch.finfo reports them)."""
+    _, e_bits, m_bits = FORMATS[name]
+    bias = 2 ** (e_bits - 1) - 1
+    return {"format": name, "exponent bits": e_bits, "mantissa bits": m_bits,
+            "max": (2 - 2.0**-m_bits) * 2.0**bias, "smallest normal": 2.0 ** (1 - bias),
+            "smallest subnormal": 2.0 ** (1 - bias - m_bits), "epsilon": 2.0**-m_bits}
+
+
+def round_to(x: float, name: str) -> float:
+    """``x`` rounded to the nearest value of format ``name`` (round-to-nearest-even; TF32
+    by dropping fp32's low 13 mantissa bits with rounding)."""
+    dtype = FORMATS[name][0]
+    if dtype is not None:
+        return torch.tensor(x, dtype=torch.float64).to(dtype).item()
+    bits = torch.tensor([x], dtype=torch.float32).view(torch.int32)
+    half, low = 1 << 12, (1 << 13) - 1
+    rounded = (bits + half - 1 + ((bits >> 13) & 1)) & ~low      # nearest, ties to even
+    return rounded.view(torch.float32).item()

@@ -105,3 +105,41 @@ def block_size_calculator_widget():
 
     return widgets.interactive(show, onchip_kib=(16, 228, 4), head_dim=[16, 32, 64, 128, 256],
                                log2_seq_len=(8, 16))
+
+
+def number_formats_report(x: float) -> str:
+    """How ``x`` is stored in fp32, tf32, fp16 and bf16: value, relative error, spacing."""
+    import math
+
+    from .precision import FORMATS, format_properties, round_to
+
+    lines = [f"{'format':>6} {'stored value':>16} {'relative error':>15} {'gap to next value':>18}"]
+    for name in FORMATS:
+        stored = round_to(x, name)
+        props = format_properties(name)
+        err = abs(stored - x) / abs(x) if x else 0.0
+        if math.isinf(stored):
+            gap = float("nan")
+        else:
+            exponent = math.floor(math.log2(abs(stored))) if stored else 1 - (2 ** (props["exponent bits"] - 1) - 1)
+            exponent = max(exponent, math.log2(props["smallest normal"]))
+            gap = 2.0 ** (exponent - props["mantissa bits"])
+        lines.append(f"{name:>6} {stored:>16.9g} {err:>15.2e} {gap:>18.3g}")
+    return "\n".join(lines)
+
+
+def number_formats_widget(value: float = 0.1):
+    """Type a number, see what each floating-point format makes of it."""
+    import html
+
+    import ipywidgets as widgets
+
+    box = widgets.FloatText(value=value, description="x =")
+    table = widgets.HTML()
+
+    def show(change=None):   # an HTML value, not print(): nothing reaches stdout without a browser
+        table.value = f"<pre>{html.escape(number_formats_report(box.value))}</pre>"
+
+    box.observe(show, names="value")
+    show()
+    return widgets.VBox([box, table])

@@ -1,0 +1,44 @@
+"""The benchmark harness: FLOP counting and a tiny CPU run of every implementation."""
+
+import json
+
+import pytest
+import torch
+
+from flashlab.__main__ import main
+from flashlab.bench import attention_flops, benchmark_attention
+
+
+def test_flops_are_counted_as_the_papers_do():
+    forward = 4 * 2 * 16 * 1024**2 * 64
+    assert attention_flops(2, 16, 1024, 64, False, "fwd") == forward
+    assert attention_flops(2, 16, 1024, 64, True, "fwd") == forward / 2
+    assert attention_flops(2, 16, 1024, 64, False, "bwd") == 2.5 * forward
+    assert attention_flops(2, 16, 1024, 64, True, "fwd+bwd") == 3.5 * forward / 2
+
+
+def test_every_cpu_implementation_is_timed_in_every_mode():
+    rows = benchmark_attention([16], head_dims=(16,), causal=(True,), dtypes=(torch.float32,), tokens=32, heads=1,
+                               device="cpu")
+    assert {r["impl"] for r in rows} == {"flashlab", "naive", "sdpa_math"}
+    assert all("error" not in r for r in rows)
+    assert {(r["impl"], r["mode"]) for r in rows} == {(i, m) for i in ("flashlab", "naive", "sdpa_math")
+                                                      for m in ("fwd", "bwd", "fwd+bwd")}
+    assert all(r["ms"] > 0 and r["tflops"] > 0 and r["B"] == 2 for r in rows)
+
+
+def test_command_line_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--seq-lens", "16", "--head-dims", "16", "--masks", "full", "--dtypes", "float16",
+                 "--tokens", "16", "--heads", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert {"gpu", "torch", "triton", "date"} <= set(record["environment"])
+    assert len(record["rows"]) == 9 and "flashlab" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("impl", ["naive", "sdpa_math", "flashlab"])
+def test_rows_name_their_shape(impl):
+    rows = benchmark_attention([8], head_dims=(16,), causal=(False,), tokens=8, heads=2, device="cpu",
+                               modes=("fwd",), impls=None)
+    row = next(r for r in rows if r["impl"] == impl)
+    assert (row["B"], row["H"], row["N"], row["D"], row["causal"]) == (1, 2, 8, 16, False)
