@@ -200,3 +200,8 @@ def test_command_line_trains_and_writes_metrics(tmp_path):
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert lines[0].startswith("step,loss,accuracy") and len(lines) == 4
     assert (tmp_path / "checkpoint_last.pt").exists()
+    import matplotlib
+    matplotlib.use("Agg")
+    from flashlab.train import plot_metrics
+    ax = plot_metrics({"cli run": tmp_path / "metrics.csv"}, y="loss")
+    assert ax.get_xlabel() == "optimizer step" and len(ax.lines[0].get_xdata()) == 3
