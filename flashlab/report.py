@@ -1,0 +1,91 @@
+"""Reading benchmark records: ratios against SDPA's backends, the course's performance
+targets met or missed, power-law fits, and the plots of notebook 07.
+
+A record is what ``python -m flashlab bench --out FILE`` writes: ``{"environment": …,
+"rows": [{"impl", "B", "H", "N", "D", "causal", "dtype", "mode", "ms", "tflops",
+"extra_bytes"}, …]}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+# (mode, baseline, minimum ratio, smallest N, largest N): flashlab must reach
+# time(baseline) / time(flashlab) ≥ minimum ratio for every dtype, D and causality.
+TARGETS = [
+    ("fwd", "sdpa_flash", 1.3, 2048, None),
+    ("fwd", "sdpa_cudnn", 0.85, 2048, None),
+    ("fwd", "sdpa_flash", 1.0, 512, 1024),
+    ("fwd+bwd", "sdpa_flash", 1.15, 2048, None),
+    ("fwd+bwd", "sdpa_cudnn", 0.75, 2048, None),
+]
+MEMORY_TARGET = 1.10     # extra memory of flashlab's fwd+bwd ≤ 1.10 × the flash backend's
+
+
+def index(record: dict) -> dict:
+    """(impl, N, D, causal, dtype, mode) → row, for rows that have a time."""
+    return {(r["impl"], r["N"], r["D"], r["causal"], r["dtype"], r["mode"]): r for r in record["rows"] if "ms" in r}
+
+
+def shapes(record: dict) -> list[tuple]:
+    """The (N, D, causal, dtype) combinations flashlab was measured at, sorted."""
+    return sorted({(r["N"], r["D"], r["causal"], r["dtype"]) for r in record["rows"] if r["impl"] == "flashlab"})
+
+
+def target_table(record: dict) -> list[dict]:
+    """One row per target and measured shape: the ratio and whether it meets the target."""
+    rows, table = index(record), []
+    for mode, baseline, minimum, n_min, n_max in TARGETS:
+        for n, d, causal, dtype in shapes(record):
+            if n < n_min or (n_max is not None and n > n_max):
+                continue
+            ours = rows.get(("flashlab", n, d, causal, dtype, mode))
+            theirs = rows.get((baseline, n, d, causal, dtype, mode))
+            if ours and theirs:
+                ratio = theirs["ms"] / ours["ms"]
+                table.append({"mode": mode, "baseline": baseline, "target": minimum, "N": n, "D": d, "causal": causal,
+                              "dtype": dtype, "ratio": ratio, "met": ratio >= minimum})
+    for n, d, causal, dtype in shapes(record):
+        ours, theirs = rows.get(("flashlab", n, d, causal, dtype, "fwd+bwd")), rows.get(
+            ("sdpa_flash", n, d, causal, dtype, "fwd+bwd"))
+        if ours and theirs and ours.get("extra_bytes") and theirs.get("extra_bytes"):
+            ratio = ours["extra_bytes"] / theirs["extra_bytes"]
+            table.append({"mode": "memory fwd+bwd", "baseline": "sdpa_flash", "target": MEMORY_TARGET, "N": n, "D": d,
+                          "causal": causal, "dtype": dtype, "ratio": ratio, "met": ratio <= MEMORY_TARGET})
+    return table
+
+
+def fit_power_law(xs, ys) -> float:
+    """Least-squares exponent p of y ≈ c·x^p (a straight line in log–log)."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def plot_tflops(record: dict, dtype: str, mode: str, axes, impls=None):
+    """TFLOP/s against N, one panel per (D, causal) on ``axes`` (4 of them)."""
+    rows = index(record)
+    impls = impls or sorted({r["impl"] for r in record["rows"]})
+    panels = sorted({(d, c) for _, d, c, dt in shapes(record) if dt == dtype})
+    for ax, (d, causal) in zip(axes, panels):
+        for impl in impls:
+            points = sorted((n, r["tflops"]) for (i, n, dd, c, dt, m), r in rows.items()
+                            if (i, dd, c, dt, m) == (impl, d, causal, dtype, mode))
+            if points:
+                ax.plot(*zip(*points), "o-", label=impl, lw=1, ms=3)
+        ax.set(xscale="log", xlabel="sequence length N", ylabel="TFLOP/s",
+               title=f"D={d}, {'causal' if causal else 'full'}")
+    axes[0].legend(fontsize=7)
+
+
+def plot_memory(record: dict, dtype: str, d: int, causal: bool, ax, mode: str = "fwd+bwd"):
+    """Extra memory (peak above the inputs) against N, log scale, per implementation."""
+    rows = index(record)
+    for impl in sorted({r["impl"] for r in record["rows"]}):
+        points = sorted((n, r["extra_bytes"] / 2**20) for (i, n, dd, c, dt, m), r in rows.items()
+                        if (i, dd, c, dt, m) == (impl, d, causal, dtype, mode) and r.get("extra_bytes"))
+        if points:
+            ax.plot(*zip(*points), "o-", label=impl, lw=1, ms=3)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N (B·N fixed)", ylabel="extra memory (MiB)",
+           title=f"{mode}, D={d}, {'causal' if causal else 'full'}")
+    ax.legend(fontsize=7)

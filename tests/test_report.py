@@ -1,0 +1,32 @@
+"""Reading benchmark records: targets, ratios and fits."""
+
+import pytest
+
+from flashlab.report import fit_power_law, target_table
+
+
+def _row(impl, n, mode, ms, extra=None, causal=False):
+    return {"impl": impl, "N": n, "D": 64, "causal": causal, "dtype": "torch.bfloat16", "mode": mode, "ms": ms,
+            "tflops": 1.0, "extra_bytes": extra}
+
+
+def test_targets_are_ratios_of_times_in_the_same_record():
+    record = {"rows": [_row("flashlab", 4096, "fwd", 1.0), _row("sdpa_flash", 4096, "fwd", 1.4),
+                       _row("sdpa_cudnn", 4096, "fwd", 0.8),
+                       _row("flashlab", 4096, "fwd+bwd", 4.0, extra=100), _row("sdpa_flash", 4096, "fwd+bwd", 4.2, 95),
+                       _row("flashlab", 1024, "fwd", 1.0), _row("sdpa_flash", 1024, "fwd", 0.9),
+                       {"impl": "sdpa_cudnn", "N": 4096, "D": 64, "causal": False, "dtype": "torch.bfloat16",
+                        "mode": "all", "error": "refused"}]}
+    table = {(r["mode"], r["baseline"], r["N"]): r for r in target_table(record)}
+    flash, cudnn = table[("fwd", "sdpa_flash", 4096)], table[("fwd", "sdpa_cudnn", 4096)]
+    assert flash["ratio"] == pytest.approx(1.4) and flash["met"]
+    assert cudnn["ratio"] == pytest.approx(0.8) and not cudnn["met"]
+    assert not table[("fwd", "sdpa_flash", 1024)]["met"]                       # 0.9 < 1.0 at short N
+    assert table[("fwd+bwd", "sdpa_flash", 4096)]["ratio"] == pytest.approx(1.05)
+    assert table[("memory fwd+bwd", "sdpa_flash", 4096)]["met"]                  # 100 / 95 ≤ 1.10
+    assert ("fwd+bwd", "sdpa_cudnn", 4096) not in table                         # no cuDNN fwd+bwd row: no verdict
+
+
+def test_power_law_fit():
+    assert fit_power_law([512, 1024, 2048, 4096], [3 * n**1.5 for n in (512, 1024, 2048, 4096)]) == pytest.approx(1.5)
+    assert fit_power_law([1, 10, 100], [7, 7, 7]) == pytest.approx(0.0)
