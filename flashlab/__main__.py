@@ -5,6 +5,8 @@
                     FlexAttention: forward, backward, forward+backward, TFLOP/s, extra memory
   train             train the causal transformer on associative recall (flashlab.train);
                     every TrainConfig field is an option, e.g. --precision bf16-mixed
+  eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
+                    to the published optimum, heuristics; --save-tours writes instances and tours
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
 Data-parallel training: torchrun --nproc_per_node 2 -m flashlab train …
 """
@@ -86,6 +88,31 @@ def _train(args) -> None:
               f"recall accuracy (held-out) {trainer.evaluate():.3f}")
 
 
+def _eval_tsp(args) -> None:
+    import numpy as np
+
+    from .tsp import PUBLISHED, evaluate, load_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, metadata = load_model(args.checkpoint, device)
+    result = evaluate(model, args.nodes, args.instances, args.seed, device)
+    mean = result["lengths"].mean().item()
+    line = f"TSP{args.nodes}, {args.instances} instances (seed {args.seed}): greedy mean tour length {mean:.4f}"
+    if args.nodes in PUBLISHED:
+        optimal = PUBLISHED[args.nodes]["optimal"]
+        line += f", gap to the published optimum {optimal}: {100 * (mean / optimal - 1):.2f}%"
+        line += f" (Kool et al. AM greedy: {PUBLISHED[args.nodes]['am_greedy']})"
+    print(line)
+    for name in ("nearest_neighbour", "farthest_insertion"):
+        print(f"  {name.replace('_', ' ')}: {result[name].mean().item():.4f}")
+    if metadata:
+        print("  checkpoint:", ", ".join(f"{k}={v}" for k, v in metadata.items()))
+    if args.save_tours:
+        np.savez_compressed(args.save_tours, coords=result["coords"].cpu().numpy(),
+                            tours=result["tours"].cpu().numpy(), lengths=result["lengths"].cpu().numpy())
+        print(f"  instances, tours and lengths written to {args.save_tours}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,9 +136,15 @@ def main(argv=None) -> int:
     attn.add_argument("--rep-ms", type=int, default=100)
     attn.add_argument("--out", help="write the results as JSON to this file")
     _add_train_options(commands.add_parser("train", help="train the causal transformer (flashlab.train)"))
+    tsp = commands.add_parser("eval-tsp", help="evaluate a TSP Attention Model checkpoint")
+    tsp.add_argument("--checkpoint", required=True)
+    tsp.add_argument("--nodes", type=int, default=20)
+    tsp.add_argument("--instances", type=int, default=10000)
+    tsp.add_argument("--seed", type=int, default=1234)
+    tsp.add_argument("--save-tours", help="write coords, tours and lengths to this .npz file")
     args = parser.parse_args(argv)
     {"bench-softmax": _bench_softmax, "bench": _bench_attention, "bench-attention": _bench_attention,
-     "train": _train}[args.command](args)
+     "train": _train, "eval-tsp": _eval_tsp}[args.command](args)
     return 0
 
 

@@ -1,0 +1,197 @@
+"""The travelling salesman problem for the capstone: instances, tour lengths, two classic
+construction heuristics, and the Attention Model of Kool, van Hoof and Welling (ICLR 2019)
+with its attention running through `flashlab.attention`.
+
+Instances are ``(batch, n, 2)`` coordinates, uniform in the unit square; a tour is a
+``(batch, n)`` permutation of node indices, closed (the salesman returns to the start).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .flash_attention import attention
+
+# Kool et al. 2019, Table 1 (greedy decoding): optimal tour length and the AM's own result.
+PUBLISHED = {20: {"optimal": 3.84, "am_greedy": 3.85}, 50: {"optimal": 5.70, "am_greedy": 5.80},
+             100: {"optimal": 7.76, "am_greedy": 8.12}}
+
+
+def random_instances(batch: int, n_nodes: int, seed: int, device="cpu") -> torch.Tensor:
+    """``batch`` instances of ``n_nodes`` cities, uniform in [0, 1]², a function of ``seed``."""
+    return torch.rand(batch, n_nodes, 2, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def tour_length(coords: torch.Tensor, tours: torch.Tensor) -> torch.Tensor:
+    """Length of each closed tour: Σ_i ‖x[t_i+1] − x[t_i]‖ with t_n = t_0. Checks that each
+    tour visits every node exactly once."""
+    n = coords.shape[1]
+    if tours.shape != coords.shape[:2]:
+        raise ValueError(f"tours: shape {tuple(tours.shape)} should be (batch, n) = {tuple(coords.shape[:2])}.")
+    if not torch.equal(tours.sort(dim=1).values, torch.arange(n, device=tours.device).expand_as(tours)):
+        raise ValueError("tours: every row must be a permutation of 0..n-1 (each city exactly once).")
+    ordered = coords.gather(1, tours[..., None].expand(-1, -1, 2))
+    return (ordered - ordered.roll(-1, dims=1)).norm(dim=-1).sum(1)
+
+
+def nearest_neighbour(coords: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """From ``start``, always go to the closest unvisited city (all instances at once)."""
+    batch, n, _ = coords.shape
+    dist = torch.cdist(coords, coords)
+    visited = torch.zeros(batch, n, dtype=torch.bool, device=coords.device)
+    current = torch.full((batch,), start, dtype=torch.long, device=coords.device)
+    tour = [current]
+    rows = torch.arange(batch, device=coords.device)
+    for _ in range(n - 1):
+        visited[rows, current] = True
+        current = dist[rows, current].masked_fill(visited, float("inf")).argmin(1)
+        tour.append(current)
+    return torch.stack(tour, 1)
+
+
+def farthest_insertion(coords: torch.Tensor) -> torch.Tensor:
+    """Start from the two farthest-apart cities; repeatedly take the unvisited city farthest
+    from the tour (max over cities of the min distance to the tour) and insert it where it
+    lengthens the tour least (all instances at once)."""
+    batch, n, _ = coords.shape
+    if n < 3:
+        return torch.arange(n, device=coords.device).expand(batch, n).clone()
+    dist = torch.cdist(coords, coords)
+    rows = torch.arange(batch, device=coords.device)
+    first = dist.flatten(1).argmax(1)
+    a, b = first // n, first % n
+    tour = torch.stack([a, b], 1)                                      # (batch, k), grows to n
+    in_tour = torch.zeros(batch, n, dtype=torch.bool, device=coords.device)
+    in_tour[rows, a] = in_tour[rows, b] = True
+    to_tour = torch.minimum(dist[rows, a], dist[rows, b])              # each city's distance to the tour
+    for _ in range(n - 2):
+        city = to_tour.masked_fill(in_tour, -1.0).argmax(1)             # farthest from the tour
+        nxt = tour.roll(-1, dims=1)
+        d_city = dist[rows, city]                                      # (batch, n)
+        cost = d_city.gather(1, tour) + d_city.gather(1, nxt) - dist[rows[:, None], tour, nxt]
+        pos = cost.argmin(1) + 1                                        # insert after position pos − 1
+        k = tour.shape[1]
+        idx = torch.arange(k + 1, device=coords.device).expand(batch, -1)
+        source = torch.where(idx < pos[:, None], idx, idx - 1).clamp(max=k - 1)
+        tour = torch.where(idx == pos[:, None], city[:, None], tour.gather(1, source))
+        in_tour[rows, city] = True
+        to_tour = torch.minimum(to_tour, d_city)
+    return tour
+
+
+class EncoderLayer(nn.Module):
+    """Multi-head self-attention and a feed-forward layer, each with a skip connection and
+    batch normalisation (Kool et al. §3.1)."""
+
+    def __init__(self, embed_dim: int, n_heads: int, ff_dim: int, attention_fn):
+        super().__init__()
+        self.n_heads, self.attention_fn = n_heads, attention_fn
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=False)
+        self.out = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.norm1, self.norm2 = nn.BatchNorm1d(embed_dim), nn.BatchNorm1d(embed_dim)
+        self.ff = nn.Sequential(nn.Linear(embed_dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, embed_dim))
+
+    @staticmethod
+    def _norm(norm, x):
+        return norm(x.flatten(0, 1)).view_as(x)
+
+    def forward(self, x):
+        batch, n, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, n, 3, self.n_heads, dim // self.n_heads).permute(2, 0, 3, 1, 4)
+        h = self.attention_fn(q, k, v).transpose(1, 2).reshape(batch, n, dim)
+        x = self._norm(self.norm1, x + self.out(h))
+        return self._norm(self.norm2, x + self.ff(x))
+
+
+class AttentionModel(nn.Module):
+    """Kool et al.'s Attention Model: an encoder of ``n_layers`` attention layers over the
+    cities, and a decoder that, step by step, builds a context query from the graph
+    embedding and the first and last city, attends (``n_heads`` glimpse heads) to the cities
+    not yet visited (a boolean key mask), and scores them with one more head whose logits are
+    clipped with ``C · tanh``. ``attention_fn`` is any function with SDPA's arguments."""
+
+    def __init__(self, embed_dim: int = 128, n_heads: int = 8, n_layers: int = 3, ff_dim: int = 512,
+                 tanh_clip: float = 10.0, attention_fn=attention):
+        super().__init__()
+        self.n_heads, self.tanh_clip, self.attention_fn = n_heads, tanh_clip, attention_fn
+        self.init_embed = nn.Linear(2, embed_dim)
+        self.layers = nn.ModuleList(EncoderLayer(embed_dim, n_heads, ff_dim, attention_fn) for _ in range(n_layers))
+        self.project_nodes = nn.Linear(embed_dim, 3 * embed_dim, bias=False)   # glimpse keys, values, logit keys
+        self.project_graph = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.project_step = nn.Linear(2 * embed_dim, embed_dim, bias=False)
+        self.project_out = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.first_placeholder = nn.Parameter(torch.empty(2 * embed_dim).uniform_(-1, 1))
+
+    def encode(self, coords):
+        x = self.init_embed(coords)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def forward(self, coords: torch.Tensor, decode: str = "greedy") -> tuple[torch.Tensor, torch.Tensor]:
+        """Tours ``(batch, n)`` and the sum of their log-probabilities ``(batch,)``.
+        ``decode``: "greedy" (most probable city each step) or "sample"."""
+        if decode not in ("greedy", "sample"):
+            raise ValueError(f"decode: {decode!r} is not 'greedy' or 'sample'.")
+        batch, n, _ = coords.shape
+        nodes = self.encode(coords)
+        dim, heads = nodes.shape[-1], self.n_heads
+        glimpse_k, glimpse_v, logit_k = self.project_nodes(nodes).chunk(3, dim=-1)
+        split = lambda t: t.view(batch, n, heads, dim // heads).transpose(1, 2)    # (batch, heads, n, d)
+        glimpse_k, glimpse_v = split(glimpse_k), split(glimpse_v)
+        graph = self.project_graph(nodes.mean(1))
+        rows = torch.arange(batch, device=coords.device)
+        visited = torch.zeros(batch, n, dtype=torch.bool, device=coords.device)
+        step_context = self.first_placeholder.expand(batch, -1)
+        first = None
+        tour, log_probs = [], []
+        for _ in range(n):
+            query = (graph + self.project_step(step_context)).view(batch, heads, 1, dim // heads)
+            keep = ~visited[:, None, None, :]                                      # (batch, 1, 1, n): unvisited
+            glimpse = self.attention_fn(query, glimpse_k, glimpse_v, attn_mask=keep)
+            glimpse = self.project_out(glimpse.transpose(1, 2).reshape(batch, dim))
+            logits = torch.einsum("bd,bnd->bn", glimpse, logit_k) / math.sqrt(dim)
+            logits = (self.tanh_clip * torch.tanh(logits)).masked_fill(visited, float("-inf"))
+            log_p = F.log_softmax(logits.float(), dim=-1)
+            city = log_p.argmax(1) if decode == "greedy" else torch.multinomial(log_p.exp(), 1).squeeze(1)
+            tour.append(city)
+            log_probs.append(log_p[rows, city])
+            visited = visited.clone()
+            visited[rows, city] = True
+            first = city if first is None else first
+            step_context = torch.cat([nodes[rows, first], nodes[rows, city]], dim=-1)
+        return torch.stack(tour, 1), torch.stack(log_probs, 1).sum(1)
+
+    @torch.no_grad()
+    def greedy_tours(self, coords: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
+        """Greedy tours for many instances, in chunks (evaluation mode)."""
+        self.eval()
+        return torch.cat([self(coords[i:i + batch_size])[0] for i in range(0, len(coords), batch_size)])
+
+
+def save_model(model: AttentionModel, path, **metadata) -> None:
+    """A checkpoint with the weights, the architecture and free-form metadata (training time, …)."""
+    config = {"embed_dim": model.init_embed.out_features, "n_heads": model.n_heads, "n_layers": len(model.layers),
+              "ff_dim": model.layers[0].ff[0].out_features, "tanh_clip": model.tanh_clip}
+    torch.save({"model": model.state_dict(), "config": config, "metadata": metadata}, path)
+
+
+def load_model(path, device="cpu", attention_fn=attention) -> tuple[AttentionModel, dict]:
+    state = torch.load(path, map_location=device, weights_only=False)
+    model = AttentionModel(**state["config"], attention_fn=attention_fn).to(device)
+    model.load_state_dict(state["model"])
+    return model.eval(), state.get("metadata", {})
+
+
+def evaluate(model: AttentionModel, n_nodes: int, instances: int, seed: int, device="cpu", batch_size: int = 1000):
+    """Greedy tours of the model, and of both heuristics, on ``instances`` random instances
+    drawn from ``seed``: ``{"coords", "tours", "lengths", "nearest_neighbour", "farthest_insertion"}``."""
+    coords = random_instances(instances, n_nodes, seed, device)
+    tours = model.greedy_tours(coords, batch_size)
+    return {"coords": coords, "tours": tours, "lengths": tour_length(coords, tours),
+            "nearest_neighbour": tour_length(coords, nearest_neighbour(coords)),
+            "farthest_insertion": tour_length(coords, farthest_insertion(coords))}
