@@ -122,9 +122,8 @@ class Trainer:
         torch.backends.cudnn.allow_tf32 = c.tf32
 
         torch.manual_seed(c.seed)                     # same initial weights on every rank
-        self.task = AssociativeRecall(c.seq_len, c.num_pairs, c.vocab_size)
-        self.model = CausalTransformer(c.vocab_size, c.seq_len, c.d_model, c.n_layers, c.n_heads, c.attention,
-                                       c.dropout, c.checkpoint_blocks).to(self.device, self.precision.param_dtype)
+        self.task = self.build_task()
+        self.model = self.build_model().to(self.device, self.precision.param_dtype)
         self.ddp = None
         if self.world > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(
@@ -147,6 +146,32 @@ class Trainer:
             if self.device.type == "cuda" else None
         if c.resume:
             self.load(c.resume)
+
+    # ---------------------------------------------------------------- what a subclass changes
+    metric_name = "accuracy"          # the per-step task metric in the history and the CSV
+
+    def build_task(self):
+        c = self.config
+        return AssociativeRecall(c.seq_len, c.num_pairs, c.vocab_size)
+
+    def build_model(self) -> torch.nn.Module:
+        c = self.config
+        return CausalTransformer(c.vocab_size, c.seq_len, c.d_model, c.n_layers, c.n_heads, c.attention, c.dropout,
+                                 c.checkpoint_blocks)
+
+    def metric_denominator(self) -> int:
+        """What the summed metric of one step is divided by (here: answers in the batch)."""
+        return self.config.batch_size * self.task.targets_per_example
+
+    def on_step_end(self, metrics: dict) -> None:
+        """Called by `fit` after every step (a subclass may evaluate, update a baseline …)."""
+
+    def extra_state(self) -> dict:
+        """More state for checkpoints (a subclass's baseline model, …)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
 
     # ---------------------------------------------------------------- data and loss
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,10 +241,11 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         metrics = {"step": self.step, "loss": loss_value,
-                   "accuracy": n_correct / (c.batch_size * self.task.targets_per_example),
+                   self.metric_name: n_correct / self.metric_denominator(),
                    "grad_norm": grad_norm.item(), "lr": lr, "loss_scale": scale, "skipped": int(not finite),
                    "step_ms": seconds * 1e3, "tokens_per_s": c.batch_size * c.seq_len / seconds,
-                   "mfu": self.flops_per_step / seconds / self.peak if (self.peak and finite) else float("nan")}
+                   "mfu": self.flops_per_step / seconds / self.peak if (self.peak and finite and self.flops_per_step)
+                   else float("nan")}
         self.step += 1
         if self.bad_in_a_row >= c.max_bad_steps:
             raise TrainingDiverged(
@@ -240,11 +266,12 @@ class Trainer:
                    disable=not c.progress or self.rank != 0)
         while self.step < c.steps:
             metrics = self.train_step()
+            self.on_step_end(metrics)
             self.history.append(metrics)
             if out and self.rank == 0:
                 self._append_csv(out / "metrics.csv", metrics)
             if metrics["step"] % c.log_every == 0 or self.step == c.steps:
-                postfix = {"loss": f"{metrics['loss']:.3f}", "acc": f"{metrics['accuracy']:.2f}",
+                postfix = {"loss": f"{metrics['loss']:.3f}", self.metric_name: f"{metrics[self.metric_name]:.3g}",
                            "tok/s": f"{metrics['tokens_per_s']:.3g}"}
                 if not math.isnan(metrics["mfu"]):
                     postfix["MFU"] = f"{metrics['mfu']:.1%}"
@@ -275,7 +302,8 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "step": self.step, "skipped_steps": self.skipped_steps, "history": self.history,
                  "config": dataclasses.asdict(self.config), "rng_cpu": torch.get_rng_state(),
-                 "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+                 "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                 "extra": self.extra_state()}
         torch.save(state, path)
 
     def load(self, path) -> None:
@@ -286,6 +314,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.skipped_steps = state["step"], state["skipped_steps"]
         self.history = list(state["history"])
+        self.load_extra_state(state.get("extra", {}))
         torch.set_rng_state(state["rng_cpu"].cpu())
         if state["rng_cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])

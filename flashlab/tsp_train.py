@@ -1,0 +1,165 @@
+"""REINFORCE with a greedy-rollout baseline for the TSP Attention Model (Kool et al. 2019,
+Algorithm 1), run by the flashlab trainer so it gets the precision modes, clipping,
+checkpoints, the NaN guard, DDP and the metrics CSV for free.
+
+    loss = mean over instances of (L(sampled tour) − L(baseline's greedy tour)) · log p(sampled tour)
+
+The baseline is a frozen copy of the policy. Every ``epoch_steps`` steps the policy's greedy
+tours on a fixed evaluation set are compared with the baseline's; the copy is replaced only
+if the policy is better in a one-sided paired t-test at level ``alpha``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .model import ATTENTION
+from .train import TrainConfig, Trainer
+from .tsp import AttentionModel, random_instances, save_model, tour_length
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b), by its continued fraction (Lentz's method)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):                                   # the fraction converges fast on this side
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    return tail if t < 0 else 1.0 - tail
+
+
+def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """One-sided paired t-test of H1: mean(a) < mean(b). Returns (t statistic, p-value)."""
+    d = (a - b).double()
+    n = d.numel()
+    sd = d.std().item()
+    if sd == 0:
+        return (-math.inf, 0.0) if d.mean() < 0 else (math.inf, 1.0)
+    t = d.mean().item() / (sd / math.sqrt(n))
+    return t, student_t_cdf(t, n - 1)
+
+
+@dataclass
+class TSPConfig(TrainConfig):
+    """Kool et al.'s setup: 3 layers, 8 heads, width 128, feed-forward 512, tanh clipping 10,
+    Adam at 1e-4 (constant), gradient clipping 1.0, batch 512."""
+
+    n_nodes: int = 20
+    d_model: int = 128
+    n_heads: int = 8
+    n_layers: int = 3
+    ff_dim: int = 512
+    tanh_clip: float = 10.0
+    attention: str = "flashlab"
+    batch_size: int = 512
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 1.0
+    epoch_steps: int = 250               # steps between baseline tests
+    eval_instances: int = 1000           # the fixed set the t-test compares on
+    alpha: float = 0.05
+
+
+class TSPTrainer(Trainer):
+    """The flashlab Trainer with REINFORCE for the Attention Model; the per-step metric is
+    the mean length of the sampled tours."""
+
+    metric_name = "tour_length"
+
+    def build_task(self):
+        c = self.config
+        self.eval_coords = random_instances(c.eval_instances, c.n_nodes, seed=-(c.seed + 1) % 2**31)
+        return None
+
+    def build_model(self):
+        c = self.config
+        model = AttentionModel(c.d_model, c.n_heads, c.n_layers, c.ff_dim, c.tanh_clip, ATTENTION[c.attention])
+        self.baseline = copy.deepcopy(model).eval()
+        self.baseline_updates = 0
+        return model
+
+    def _flops_per_step(self) -> float:
+        return 0.0                                # decoding is sequential: MFU is not meaningful here
+
+    def metric_denominator(self) -> int:
+        return self.config.batch_size
+
+    def batch(self, step, micro):
+        coords = random_instances(self.config.batch_size, self.config.n_nodes, self.config.seed * 1_000_003 + step)
+        first = (micro * self.world + self.rank) * self.micro_batch
+        return coords[first:first + self.micro_batch].to(self.device), None
+
+    def compute_loss(self, coords, _targets):
+        tours, log_p = (self.ddp or self.model)(coords, "sample")
+        lengths = tour_length(coords, tours)
+        with torch.no_grad():
+            self.baseline.to(coords.device)
+            baseline_lengths = tour_length(coords, self.baseline(coords, "greedy")[0])
+        loss = ((lengths - baseline_lengths) * log_p).mean()           # REINFORCE with a baseline
+        return loss, lengths.sum()
+
+    def greedy_lengths(self, model) -> torch.Tensor:
+        coords = self.eval_coords.to(self.device)
+        with self.precision.autocast(self.device.type):
+            tours = model.greedy_tours(coords, batch_size=500)
+        return tour_length(coords, tours)
+
+    def on_step_end(self, metrics):
+        c = self.config
+        metrics["baseline_updated"] = 0
+        if self.step % c.epoch_steps:
+            return
+        candidate, current = self.greedy_lengths(self.model), self.greedy_lengths(self.baseline)
+        self.model.train()
+        t, p = paired_t_test_less(candidate, current)
+        metrics.update(eval_tour_length=candidate.mean().item(), baseline_tour_length=current.mean().item(),
+                       t_test_p=p)
+        if candidate.mean() < current.mean() and p < c.alpha:
+            self.baseline.load_state_dict(self.model.state_dict())
+            self.baseline_updates += 1
+            metrics["baseline_updated"] = 1
+
+    def extra_state(self):
+        return {"baseline": self.baseline.state_dict(), "baseline_updates": self.baseline_updates}
+
+    def load_extra_state(self, state):
+        if state:
+            self.baseline.load_state_dict(state["baseline"])
+            self.baseline_updates = state["baseline_updates"]
+
+    def evaluate(self, batches: int = 0, seed: int = 0) -> float:
+        """Mean greedy tour length on the fixed evaluation set."""
+        return self.greedy_lengths(self.model).mean().item()
+
+    def export(self, path, **metadata):
+        """The policy alone, in the format `python -m flashlab eval-tsp` loads."""
+        save_model(self.model, path, n_nodes=self.config.n_nodes, steps=self.step, **metadata)

@@ -1,0 +1,64 @@
+"""REINFORCE with a greedy-rollout baseline, the paired t-test, and the trainer hooks it uses."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flashlab.__main__ import main
+from flashlab.tsp_train import TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
+
+TINY = TSPConfig(n_nodes=6, batch_size=16, steps=4, epoch_steps=2, eval_instances=32, d_model=16, n_heads=2,
+                 n_layers=1, ff_dim=32, attention="sdpa", device="cpu", progress=False, lr=1e-3)
+
+
+@pytest.mark.parametrize("t,df,cdf", [(2.228, 10, 0.975), (-2.0, 10, 0.0367), (0.0, 3, 0.5), (-12.706, 1, 0.025),
+                                      (1.645, 10**6, 0.95)])
+def test_student_t_cdf_matches_tables(t, df, cdf):
+    assert student_t_cdf(t, df) == pytest.approx(cdf, abs=2e-4)
+
+
+def test_paired_t_test():
+    torch.manual_seed(0)
+    b = torch.rand(1000) + 3
+    t, p = paired_t_test_less(b - 0.05 + 0.01 * torch.randn(1000), b)
+    assert t < 0 and p < 1e-10
+    _, p_same = paired_t_test_less(b + 0.01 * torch.randn(1000), b)
+    assert 0.001 < p_same < 0.999
+
+
+def test_trains_and_tests_the_baseline_every_epoch(tmp_path):
+    trainer = TSPTrainer(TINY)
+    history = trainer.fit()
+    assert all(m["tour_length"] > 0 for m in history)
+    tested = [m for m in history if "t_test_p" in m]
+    assert [m["step"] for m in tested] == [1, 3]                     # after steps 2 and 4
+    trainer.export(tmp_path / "am.pt")
+    assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am.pt"), "--nodes", "6", "--instances", "8"]) == 0
+
+
+@pytest.mark.parametrize("candidate_shift,noise,updated",
+                         [(-0.1, 0.01, True), (-0.001, 0.5, False), (0.1, 0.01, False)])
+def test_baseline_replaced_only_when_significantly_better(monkeypatch, candidate_shift, noise, updated):
+    trainer = TSPTrainer(dataclasses.replace(TINY, steps=2))
+    torch.manual_seed(1)
+    current = torch.rand(200) + 3
+    candidate = current + candidate_shift + noise * torch.randn(200)
+    monkeypatch.setattr(trainer, "greedy_lengths", lambda model: candidate if model is trainer.model else current)
+    with torch.no_grad():
+        next(trainer.model.parameters()).add_(1.0)                    # make policy and baseline differ
+    trainer.step = 2
+    metrics = {}
+    trainer.on_step_end(metrics)
+    same = all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(),
+                                                 trainer.baseline.state_dict().values()))
+    assert metrics["baseline_updated"] == int(updated) and same == updated
+
+
+def test_checkpoint_keeps_the_baseline(tmp_path):
+    trainer = TSPTrainer(dataclasses.replace(TINY, out_dir=str(tmp_path)))
+    trainer.fit()
+    resumed = TSPTrainer(dataclasses.replace(TINY, resume=str(tmp_path / "checkpoint_last.pt")))
+    for a, b in zip(trainer.baseline.state_dict().values(), resumed.baseline.state_dict().values()):
+        assert torch.equal(a, b)
+    assert resumed.baseline_updates == trainer.baseline_updates and resumed.step == 4
