@@ -5,6 +5,8 @@
                     FlexAttention: forward, backward, forward+backward, TFLOP/s, extra memory
   train             train the causal transformer on associative recall (flashlab.train);
                     every TrainConfig field is an option, e.g. --precision bf16-mixed
+  train-tsp         train the TSP Attention Model with REINFORCE (flashlab.tsp_train);
+                    every TSPConfig field is an option; exports am_tspN.pt to --out-dir
   eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
                     to the published optimum, heuristics; --save-tours writes instances and tours
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
@@ -59,13 +61,13 @@ def _bench_attention(args) -> None:
               f"{r['mode']:>7} {speed}")
 
 
-def _add_train_options(parser) -> None:
-    """One option per TrainConfig field, typed and defaulted from the dataclass."""
+def _add_train_options(parser, config_class=None) -> None:
+    """One option per field of the config dataclass, typed and defaulted from it."""
     import dataclasses
 
     from .train import TrainConfig
 
-    for field in dataclasses.fields(TrainConfig):
+    for field in dataclasses.fields(config_class or TrainConfig):
         name = "--" + field.name.replace("_", "-")
         if field.type in ("bool", bool):
             parser.add_argument(name, action=argparse.BooleanOptionalAction, default=field.default)
@@ -88,13 +90,37 @@ def _train(args) -> None:
               f"recall accuracy (held-out) {trainer.evaluate():.3f}")
 
 
+def _train_tsp(args) -> None:
+    import dataclasses
+    import time
+
+    from .tsp_train import TSPConfig, TSPTrainer
+
+    config = TSPConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TSPConfig)})
+    trainer = TSPTrainer(config)
+    start = time.perf_counter()
+    trainer.fit()
+    if trainer.rank == 0:
+        minutes = (time.perf_counter() - start) / 60
+        print(f"steps {trainer.step}, {minutes:.1f} min, baseline updates {trainer.baseline_updates}, "
+              f"greedy tour length on the evaluation set {trainer.evaluate():.4f}")
+        if config.out_dir:
+            trainer.export(f"{config.out_dir}/am_tsp{config.n_nodes}.pt", train_minutes=round(minutes, 2),
+                           precision=config.precision)
+
+
 def _eval_tsp(args) -> None:
     import numpy as np
 
+    from .model import ATTENTION
     from .tsp import PUBLISHED, evaluate, load_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, metadata = load_model(args.checkpoint, device)
+    # The same model either way; on a CPU flashlab's kernels would run in Triton's
+    # interpreter (hours for 10,000 instances), so "auto" takes SDPA there.
+    backend = args.attention if args.attention != "auto" else ("flashlab" if device == "cuda" else "sdpa")
+    model, metadata = load_model(args.checkpoint, device, attention_fn=ATTENTION[backend])
+    print(f"attention: {backend} on {device}")
     result = evaluate(model, args.nodes, args.instances, args.seed, device)
     mean = result["lengths"].mean().item()
     line = f"TSP{args.nodes}, {args.instances} instances (seed {args.seed}): greedy mean tour length {mean:.4f}"
@@ -136,15 +162,19 @@ def main(argv=None) -> int:
     attn.add_argument("--rep-ms", type=int, default=100)
     attn.add_argument("--out", help="write the results as JSON to this file")
     _add_train_options(commands.add_parser("train", help="train the causal transformer (flashlab.train)"))
+    from .tsp_train import TSPConfig
+    _add_train_options(commands.add_parser("train-tsp", help="train the TSP Attention Model (REINFORCE)"), TSPConfig)
     tsp = commands.add_parser("eval-tsp", help="evaluate a TSP Attention Model checkpoint")
     tsp.add_argument("--checkpoint", required=True)
     tsp.add_argument("--nodes", type=int, default=20)
     tsp.add_argument("--instances", type=int, default=10000)
     tsp.add_argument("--seed", type=int, default=1234)
     tsp.add_argument("--save-tours", help="write coords, tours and lengths to this .npz file")
+    tsp.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
+                     help="auto: flashlab on a GPU, SDPA on a CPU")
     args = parser.parse_args(argv)
     {"bench-softmax": _bench_softmax, "bench": _bench_attention, "bench-attention": _bench_attention,
-     "train": _train, "eval-tsp": _eval_tsp}[args.command](args)
+     "train": _train, "train-tsp": _train_tsp, "eval-tsp": _eval_tsp}[args.command](args)
     return 0
 
 

@@ -62,3 +62,12 @@ def test_checkpoint_keeps_the_baseline(tmp_path):
     for a, b in zip(trainer.baseline.state_dict().values(), resumed.baseline.state_dict().values()):
         assert torch.equal(a, b)
     assert resumed.baseline_updates == trainer.baseline_updates and resumed.step == 4
+
+
+def test_train_tsp_command_line_exports_a_checkpoint_eval_tsp_reads(tmp_path, capsys):
+    assert main(["train-tsp", "--n-nodes", "6", "--batch-size", "8", "--steps", "2", "--epoch-steps", "2",
+                 "--eval-instances", "16", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--ff-dim", "32",
+                 "--attention", "sdpa", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path)]) == 0
+    assert "baseline updates" in capsys.readouterr().out
+    assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am_tsp6.pt"), "--nodes", "6", "--instances", "8"]) == 0
+    assert "train_minutes=" in capsys.readouterr().out
