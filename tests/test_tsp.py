@@ -83,3 +83,11 @@ def test_eval_tsp_command_line(tmp_path, capsys):
     assert coords.shape == (16, 20, 2)
     np.testing.assert_allclose(tour_length(coords, tours).numpy(), saved["lengths"], rtol=1e-6)
     assert f"{saved['lengths'].mean():.4f}" in printed
+
+
+def test_encoder_benchmark_times_every_attention():
+    from flashlab.tsp import benchmark_encoder
+
+    rows = benchmark_encoder([10], batch=2, warmup_ms=1, rep_ms=1)
+    assert [r["attention"] for r in rows] == ["naive", "sdpa", "flashlab"]
+    assert all("error" not in r and r["fwd_ms"] > 0 and r["fwd+bwd_ms"] > 0 for r in rows)
