@@ -109,7 +109,7 @@ def attention_implementations(device: str, flex: bool = True) -> dict:
     return impls
 
 
-def _extra_memory(fn, device) -> int | None:
+def extra_memory(fn, device) -> int | None:
     """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA)."""
     if device != "cuda":
         return None
@@ -159,7 +159,7 @@ def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dty
 
             try:
                 out = fn(q, k, v, is_causal)          # warm-up (and compilation), and the graph for "bwd"
-                memory = {"fwd": _extra_memory(forward, device), "fwd+bwd": _extra_memory(forward_backward, device)}
+                memory = {"fwd": extra_memory(forward, device), "fwd+bwd": extra_memory(forward_backward, device)}
                 for mode in modes:
                     if mode == "fwd":
                         ms = time_ms(forward, device, warmup_ms, rep_ms)

@@ -103,3 +103,22 @@ def round_to(x: float, name: str) -> float:
     half, low = 1 << 12, (1 << 13) - 1
     rounded = (bits + half - 1 + ((bits >> 13) & 1)) & ~low      # nearest, ties to even
     return rounded.view(torch.float32).item()
+
+
+def attention_row_with_rounded_state(scores: torch.Tensor, values: torch.Tensor, state_dtype: torch.dtype,
+                                     block: int = 64) -> torch.Tensor:
+    """One query row of attention, softmax(scores) · values, computed tile by tile as a
+    flash kernel does (`flashlab.online_softmax.update`), with the running sum ℓ and the
+    output accumulator rounded to ``state_dtype`` after every tile and float64 otherwise:
+    what keeping the kernel's state in low precision would cost."""
+    from .online_softmax import SoftmaxState, initial_state, safe_shift, update
+
+    state = initial_state((), torch.float64)
+    acc = torch.zeros(values.shape[1], dtype=torch.float64)
+    for start in range(0, scores.numel(), block):
+        s, v = scores[start:start + block].double(), values[start:start + block].double()
+        new = update(state, s)                                         # m' and ℓ' = ℓ·e^(m−m') + Σ e^(s−m')
+        shift = safe_shift(new.m)
+        acc = (acc * torch.exp(state.m - shift) + torch.exp(s - shift) @ v).to(state_dtype).double()
+        state = SoftmaxState(new.m, new.l.to(state_dtype).double())
+    return acc / state.l

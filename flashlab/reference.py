@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from .naive import naive_attention
+from .checks import default_scale
+from .naive import causal_keep_mask, naive_attention
 
 # Relative-error tolerances by the dtype of the computation under test. Each is well
 # above the error that dtype's rounding leaves in a correct kernel (about 1e-7 for fp32
@@ -66,6 +67,15 @@ def reference_gradients(q, k, v, grad_out, attn_mask=None, is_causal=False, scal
     keep = None if dropout_keep is None else dropout_keep.to(q.device)
     out = naive_attention(q64, k64, v64, mask, is_causal, scale, dropout_p=dropout_p, dropout_keep=keep)
     return torch.autograd.grad(out, (q64, k64, v64), _to_float64(grad_out))
+
+
+def reference_logsumexp(q, k, is_causal=False, scale=None) -> torch.Tensor:
+    """L_i = log Σ_j e^(s_ij), the natural-log log-sum-exp of each score row, in float64:
+    what a flash-attention forward saves for its backward (causal: keys j ≤ i only)."""
+    scores = _to_float64(q) @ _to_float64(k).transpose(-1, -2) * default_scale(q.shape[-1], scale)
+    if is_causal:
+        scores = scores.masked_fill(~causal_keep_mask(q.shape[-2], k.shape[-2], scores.device), float("-inf"))
+    return torch.logsumexp(scores, dim=-1)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -19,6 +19,7 @@ CSV, a tqdm bar with loss, throughput and MFU, and data parallelism with
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
@@ -174,14 +175,17 @@ class Trainer:
         pass
 
     # ---------------------------------------------------------------- data and loss
-    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of micro-batch ``micro`` of step ``step``. A step's global batch
-        is a function of (seed, step) only; micro-batch m on rank r is its rows
-        [(m·world + r)·micro_batch, …), so any world size or accumulation sees the same data."""
-        inputs, targets = self.task.batch(self.config.batch_size, self.config.seed * 1_000_003 + step)
+    def global_batch(self, step: int):
+        """All rows of step ``step`` (inputs, targets), a function of (seed, step) only."""
+        return self.task.batch(self.config.batch_size, self.config.seed * 1_000_003 + step)
+
+    def batch(self, step: int, micro: int):
+        """This rank's rows of micro-batch ``micro`` of step ``step``: rows
+        [(m·world + r)·micro_batch, …) of the global batch, so any world size or
+        accumulation sees the same data."""
         first = (micro * self.world + self.rank) * self.micro_batch
-        mine = slice(first, first + self.micro_batch)
-        return inputs[mine].to(self.device), targets[mine].to(self.device)
+        return tuple(None if t is None else t[first:first + self.micro_batch].to(self.device)
+                     for t in self.global_batch(step))
 
     def compute_loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean cross-entropy over answer positions, number of correct answers)."""
@@ -211,7 +215,7 @@ class Trainer:
         for micro in range(c.grad_accum):
             inputs, targets = self.batch(self.step, micro)
             last = micro == c.grad_accum - 1
-            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else _nullcontext()
+            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.precision.autocast(self.device.type):
                     loss, right = self.compute_loss(inputs, targets)
@@ -333,11 +337,6 @@ class Trainer:
             right += (logits.argmax(-1) == targets)[answered].sum().item()
             total += answered.sum().item()
         return right / total
-
-
-def _nullcontext():
-    import contextlib
-    return contextlib.nullcontext()
 
 
 def train(config: TrainConfig | None = None, **overrides) -> Trainer:

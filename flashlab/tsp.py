@@ -206,7 +206,7 @@ def benchmark_encoder(node_counts, batch: int = 64, attention_names=("naive", "s
     number of instances shrinks with N so that batch·N stays at ``batch``·max(10, N_min)."""
     from tqdm.auto import tqdm
 
-    from .bench import _extra_memory, time_ms
+    from .bench import extra_memory, time_ms
     from .model import ATTENTION
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -234,7 +234,7 @@ def benchmark_encoder(node_counts, batch: int = 64, attention_names=("naive", "s
             try:
                 row["fwd_ms"] = time_ms(forward, device, warmup_ms, rep_ms)
                 row["fwd+bwd_ms"] = time_ms(forward_backward, device, warmup_ms, rep_ms)
-                row["extra_bytes"] = _extra_memory(forward_backward, device)
+                row["extra_bytes"] = extra_memory(forward_backward, device)
             except (RuntimeError, torch.OutOfMemoryError) as exc:
                 row["error"] = str(exc).splitlines()[0][:200]
             rows.append(row)

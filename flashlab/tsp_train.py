@@ -113,10 +113,9 @@ class TSPTrainer(Trainer):
     def metric_denominator(self) -> int:
         return self.config.batch_size
 
-    def batch(self, step, micro):
-        coords = random_instances(self.config.batch_size, self.config.n_nodes, self.config.seed * 1_000_003 + step)
-        first = (micro * self.world + self.rank) * self.micro_batch
-        return coords[first:first + self.micro_batch].to(self.device), None
+    def global_batch(self, step):
+        c = self.config
+        return random_instances(c.batch_size, c.n_nodes, c.seed * 1_000_003 + step), None
 
     def compute_loss(self, coords, _targets):
         tours, log_p = (self.ddp or self.model)(coords, "sample")

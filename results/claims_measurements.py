@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashlab import attention, naive_attention
-from flashlab.bench import _extra_memory, time_ms
+from flashlab.bench import extra_memory, time_ms
 from flashlab.model import CausalTransformer
 from flashlab.results import environment
 from flashlab.train import TrainConfig, measure_step
@@ -41,7 +41,7 @@ def claim2():
             torch.autograd.grad(fn(q, k, v, is_causal=True), (q, k, v), do)
 
         rows.append({"what": "attention alone", "attention": name, "fwd_ms": time_ms(fwd),
-                     "fwd+bwd_extra_bytes": _extra_memory(fwd_bwd, "cuda")})
+                     "fwd+bwd_extra_bytes": extra_memory(fwd_bwd, "cuda")})
     config = TrainConfig(seq_len=2048, num_pairs=256, vocab_size=50257, d_model=768, n_layers=12, n_heads=12,
                          batch_size=2, precision="16-mixed", device="cuda", progress=False, steps=10)
     for name in ("naive", "flashlab"):

@@ -22,6 +22,17 @@ def _probabilities(q, k, lse, offs_m, offs_n, n_q, n_k, scale, IS_CAUSAL: tl.con
 
 
 @triton.jit
+def _query_rows(Q, DO, L, DELTA, q_base, head, offs_m, offs_d, n_q, HEAD_DIM: tl.constexpr):
+    """Q_i, dO_i, L_i and D_i of one query block (rows ≥ Nq read as 0)."""
+    q_ok = (offs_m < n_q)[:, None]
+    q = tl.load(Q + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
+    do = tl.load(DO + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
+    lse = tl.load(L + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    delta = tl.load(DELTA + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
 def dkdv_kernel(Q, K, V, DO, L, DELTA, DK, DV, n_q, n_k, scale, HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (key block, batch·head): K_j, V_j stay on chip while query blocks stream."""
@@ -40,11 +51,7 @@ def dkdv_kernel(Q, K, V, DO, L, DELTA, DK, DV, n_q, n_k, scale, HEAD_DIM: tl.con
         lo = (start_n // BLOCK_M) * BLOCK_M
     for start_m in range(lo, n_q, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_ok = (offs_m < n_q)[:, None]
-        q = tl.load(Q + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
-        do = tl.load(DO + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
-        lse = tl.load(L + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
-        delta = tl.load(DELTA + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+        q, do, lse, delta = _query_rows(Q, DO, L, DELTA, q_base, head, offs_m, offs_d, n_q, HEAD_DIM)
         p = _probabilities(q, k, lse, offs_m, offs_n, n_q, n_k, scale, IS_CAUSAL)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do)            # dV_j += Pᵀ dO_i
         dp = tl.dot(do, tl.trans(v))                          # dP = dO_i V_jᵀ
@@ -64,11 +71,7 @@ def dq_kernel(Q, K, V, DO, L, DELTA, DQ, n_q, n_k, scale, HEAD_DIM: tl.constexpr
     q_base, kv_base = head * n_q * HEAD_DIM, head * n_k * HEAD_DIM
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ok = (offs_m < n_q)[:, None]
-    q = tl.load(Q + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
-    do = tl.load(DO + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_ok, other=0.0)
-    lse = tl.load(L + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
-    delta = tl.load(DELTA + head * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    q, do, lse, delta = _query_rows(Q, DO, L, DELTA, q_base, head, offs_m, offs_d, n_q, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = n_k
     if IS_CAUSAL:
@@ -83,7 +86,7 @@ def dq_kernel(Q, K, V, DO, L, DELTA, DQ, n_q, n_k, scale, HEAD_DIM: tl.constexpr
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k)                       # dQ_i += dS K_j
     tl.store(DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=q_ok)
+             mask=(offs_m < n_q)[:, None])
 
 
 def flash_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float | None = None):

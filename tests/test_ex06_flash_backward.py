@@ -6,6 +6,7 @@ import torch
 
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention, reference_gradients
+from flashlab.reference import reference_logsumexp
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU goes through TF32 tensor cores; the backward chains three TF32 products
@@ -15,11 +16,7 @@ TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
 
 def _forward(q, k, v, is_causal):
     """O (in q's dtype) and the natural-log log-sum-exp (float32), computed in float64."""
-    Nq, Nk, D = q.shape[2], k.shape[2], q.shape[3]
-    scores = q.double().cpu() @ k.double().cpu().transpose(-1, -2) * D**-0.5
-    if is_causal:
-        scores = scores.masked_fill(~torch.ones(Nq, Nk, dtype=torch.bool).tril(), float("-inf"))
-    lse = torch.logsumexp(scores, -1).float().to(DEVICE)
+    lse = reference_logsumexp(q, k, is_causal).float().to(DEVICE)
     return reference_attention(q, k, v, is_causal=is_causal).to(DEVICE, q.dtype), lse
 
 

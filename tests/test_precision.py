@@ -27,3 +27,16 @@ def test_precision_modes():
     assert get_precision("bf16-true").param_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="^precision:"):
         get_precision("fp8")
+
+
+def test_attention_state_precision():
+    from flashlab import rel_error
+    from flashlab.precision import attention_row_with_rounded_state
+
+    torch.manual_seed(0)
+    scores, values = torch.randn(1000, dtype=torch.float64) * 2, torch.randn(1000, 8, dtype=torch.float64)
+    exact = torch.softmax(scores, 0) @ values
+    assert rel_error(attention_row_with_rounded_state(scores, values, torch.float64), exact) < 1e-12
+    fp32 = rel_error(attention_row_with_rounded_state(scores, values, torch.float32), exact)
+    bf16 = rel_error(attention_row_with_rounded_state(scores, values, torch.bfloat16), exact)
+    assert fp32 < 1e-6 < 1e-4 < bf16
