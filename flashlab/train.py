@@ -60,12 +60,15 @@ class TrainConfig:
     grad_accum: int = 1                    # micro-batches per optimizer step
     lr: float = 3e-3
     weight_decay: float = 0.1
+    adam_beta2: float = 0.95               # AdamW's second-moment decay (0.999 is torch's default)
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1              # cosine decays to lr · min_lr_ratio
     grad_clip: float = 1.0                 # max global grad norm; 0 = no clipping
     precision: str = "32-true"             # 32-true | 16-mixed | bf16-mixed | 16-true | bf16-true
     tf32: bool = True                      # fp32 matmuls on TF32 tensor cores (GPU)
     max_bad_steps: int = 20                # stop after this many non-finite steps in a row
+    time_limit_min: float = 0.0            # stop once training has taken this many minutes (0 = no limit);
+                                           # counted across resumes, so two 8-minute runs make 16
     # bookkeeping
     seed: int = 0
     device: str = "auto"                   # auto | cpu | cuda
@@ -134,13 +137,13 @@ class Trainer:
         # Adam divides by sqrt(v) + eps. In fp16 (16-true) eps = 1e-8 rounds to 0, and a weight
         # that has seen no gradient yet (v = 0) gets 0/0 = NaN: use the smallest safe eps there.
         eps = 1e-6 if self.precision.param_dtype == torch.float16 else 1e-8
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=c.lr, betas=(0.9, 0.95),
-                                           eps=eps)
+        groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=c.lr, betas=(0.9, c.adam_beta2), eps=eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, c.warmup_steps, c.steps, c.min_lr_ratio))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.step, self.skipped_steps, self.bad_in_a_row = 0, 0, 0
+        self.train_seconds = 0.0                      # wall-clock inside fit(), all runs of a resumed job together
         self.history: list[dict] = []
         self.flops_per_step = self._flops_per_step()
         self.peak = peak_flops(torch.cuda.get_device_name(self.device), self.precision) \
@@ -269,8 +272,13 @@ class Trainer:
         bar = tqdm(total=c.steps, initial=self.step, desc=f"train {c.precision} {c.attention}",
                    disable=not c.progress or self.rank != 0)
         while self.step < c.steps:
+            if c.time_limit_min and self.train_seconds >= 60 * c.time_limit_min:
+                break
+            started = time.perf_counter()
             metrics = self.train_step()
             self.on_step_end(metrics)
+            self.train_seconds += time.perf_counter() - started
+            metrics["train_seconds"] = self.train_seconds
             self.history.append(metrics)
             if out and self.rank == 0:
                 self._append_csv(out / "metrics.csv", metrics)
@@ -290,10 +298,15 @@ class Trainer:
 
     @staticmethod
     def _append_csv(path: Path, metrics: dict):
-        new = not path.exists()
+        # Columns are fixed by the file's header (a resumed run appends to the same file);
+        # a metric the header lacks is an error rather than a silently shifted column.
+        header = None
+        if path.exists():
+            with path.open(newline="") as f:
+                header = next(csv.reader(f), None)
         with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(metrics))
-            if new:
+            writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")
+            if not header:
                 writer.writeheader()
             writer.writerow(metrics)
 
@@ -305,6 +318,7 @@ class Trainer:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                  "step": self.step, "skipped_steps": self.skipped_steps, "history": self.history,
+                 "train_seconds": self.train_seconds,
                  "config": dataclasses.asdict(self.config), "rng_cpu": torch.get_rng_state(),
                  "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                  "extra": self.extra_state()}
@@ -317,6 +331,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.skipped_steps = state["step"], state["skipped_steps"]
+        self.train_seconds = state.get("train_seconds", 0.0)
         self.history = list(state["history"])
         self.load_extra_state(state.get("extra", {}))
         torch.set_rng_state(state["rng_cpu"].cpu())

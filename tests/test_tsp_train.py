@@ -1,11 +1,14 @@
 """REINFORCE with a greedy-rollout baseline, the paired t-test, and the trainer hooks it uses."""
 
+import csv
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from flashlab.__main__ import main
+from flashlab.tsp import random_instances, tour_length
 from flashlab.tsp_train import TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
 
 TINY = TSPConfig(n_nodes=6, batch_size=16, steps=4, epoch_steps=2, eval_instances=32, d_model=16, n_heads=2,
@@ -31,7 +34,7 @@ def test_trains_and_tests_the_baseline_every_epoch(tmp_path):
     trainer = TSPTrainer(TINY)
     history = trainer.fit()
     assert all(m["tour_length"] > 0 for m in history)
-    tested = [m for m in history if "t_test_p" in m]
+    tested = [m for m in history if not math.isnan(m["t_test_p"])]
     assert [m["step"] for m in tested] == [1, 3]                     # after steps 2 and 4
     trainer.export(tmp_path / "am.pt")
     assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am.pt"), "--nodes", "6", "--instances", "8"]) == 0
@@ -71,3 +74,32 @@ def test_train_tsp_command_line_exports_a_checkpoint_eval_tsp_reads(tmp_path, ca
     assert "baseline updates" in capsys.readouterr().out
     assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am_tsp6.pt"), "--nodes", "6", "--instances", "8"]) == 0
     assert "train_minutes=" in capsys.readouterr().out
+
+
+def test_epoch_rollouts_equal_one_rollout_per_step():
+    """The baseline's tours, computed for a whole epoch at once in big batches, are the ones
+    a rollout on each step's own instances would give."""
+    trainer = TSPTrainer(dataclasses.replace(TINY, epoch_steps=3, rollout_batch=5))
+    for step in (0, 2, 4):
+        coords, baseline_lengths = trainer.global_batch(step)
+        with torch.no_grad():
+            per_step = tour_length(coords, trainer.baseline(coords, "greedy")[0])
+        torch.testing.assert_close(baseline_lengths, per_step, rtol=1e-6, atol=1e-6)
+        assert torch.equal(coords, random_instances(TINY.batch_size, TINY.n_nodes, TINY.seed * 1_000_003 + step))
+
+
+def test_time_limit_counts_across_resumes_and_csv_columns_stay_aligned(tmp_path):
+    config = dataclasses.replace(TINY, steps=1000, out_dir=str(tmp_path), time_limit_min=0.5 / 60)   # 0.5 s
+    first = TSPTrainer(config)
+    first.fit()
+    assert 0 < first.step < 1000 and first.train_seconds >= 0.5
+    resumed = TSPTrainer(dataclasses.replace(config, resume=str(tmp_path / "checkpoint_last.pt"),
+                                             time_limit_min=1.0 / 60))
+    resumed.fit()
+    assert resumed.step > first.step and 1.0 <= resumed.train_seconds < 1.0 + 0.5
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert all(len(row) == len(rows[0]) for row in rows) and len(rows) == resumed.step + 1
+    header = rows[0]
+    tested = [row for row in rows[1:] if row[header.index("t_test_p")] != "nan"]
+    assert len(tested) == resumed.step // TINY.epoch_steps

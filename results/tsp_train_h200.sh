@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# GPU run of the capstone's TSP training (issue 7, notebook 09) on one H200, bf16-mixed,
+# Kool et al.'s setup (TSPConfig defaults), flashlab attention.
+#
+#   bash results/tsp_train_h200.sh first  OUT   # TSP20 (8 min) and TSP50 (first 8 min), side by side
+#   bash results/tsp_train_h200.sh second OUT   # TSP50 resumed from runs/tsp50 to 16 min in all
+#
+# The two trainings of "first" share the GPU (their work is small kernels and Python; each
+# leaves the GPU mostly idle), so each one's wall-clock time is, if anything, longer than it
+# would be alone. --time-limit-min counts training time across resumes. Each finished model
+# is evaluated greedily on 10,000 fresh instances (eval-tsp's test seed, disjoint from
+# training) with the tours saved; everything lands in OUT as one archive per problem size.
+set -u
+phase=$1 out=$2
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+train() {   # n, minutes, extra options
+  local n=$1 minutes=$2; shift 2
+  python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \
+    --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" "$@" \
+    > "runs/tsp$n/train_$phase.log" 2>&1
+}
+evaluate() {
+  local n=$1
+  python -m flashlab eval-tsp --checkpoint "runs/tsp$n/am_tsp$n.pt" --nodes "$n" --instances 10000 \
+    --save-tours "runs/tsp$n/tours_test.npz" > "runs/tsp$n/eval.log" 2>&1
+  cat "runs/tsp$n/eval.log"
+  tar -czf "$out/tsp$n.tar.gz" -C runs "tsp$n/am_tsp$n.pt" "tsp$n/metrics.csv" "tsp$n/eval.log" \
+    "tsp$n/tours_test.npz" $(cd runs && ls tsp$n/train_*.log)
+}
+mkdir -p runs/tsp20 runs/tsp50
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$phase" = first ]; then
+  train 20 8 & p20=$!
+  train 50 8 & p50=$!
+  wait $p20; tail -n 2 runs/tsp20/train_first.log; evaluate 20
+  wait $p50; tail -n 2 runs/tsp50/train_first.log; evaluate 50
+else
+  train 50 16 --resume runs/tsp50/checkpoint_last.pt
+  tail -n 2 runs/tsp50/train_second.log; evaluate 50
+fi
+cp runs/tsp50/checkpoint_last.pt "$out/tsp50_checkpoint_last.pt"
