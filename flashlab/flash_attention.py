@@ -92,7 +92,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
         mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
         precision = "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
-        grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)
+        grid = (triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)         # 1-D: see the kernel
         flash_forward_kernel[grid](
             q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
             *out.stride(), lse.stride(0), lse.stride(1),
@@ -114,7 +114,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         cfg = _backward_config(head_dim, interpreted)
         block_d = _block_d(head_dim)
         delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-        flash_backward_preprocess_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)](
+        flash_backward_preprocess_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)](
             out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
             BLOCK_M=cfg["BLOCK_M"], BLOCK_D=block_d)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -123,10 +123,10 @@ class FlashAttentionFunction(torch.autograd.Function):
                       DROPOUT=ctx.dropout_p > 0, BLOCK_D=block_d, INPUT_PRECISION=ctx.precision, **cfg)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                    lse.stride(0), lse.stride(1))
-        flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]), B * H_kv)](
+        flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]) * B * H_kv,)](
             q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
             H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
-        flash_backward_dq_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]), B * H)](
+        flash_backward_dq_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)](
             q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
             H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
         return dq, dk, dv, None, None, None, None, None, None

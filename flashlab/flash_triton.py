@@ -152,10 +152,14 @@ def flash_forward_kernel(
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
+    # A 1-D grid of cdiv(Nq, BLOCK_M)·B·H programs, query blocks varying fastest (programs of
+    # one head run together and share its K/V in L2). CUDA caps grid dims 1 and 2 at 65535,
+    # which B·H passes easily (8192 TSP instances × 8 heads); dim 0 allows 2³¹ − 1.
+    num_m = tl.cdiv(n_q, BLOCK_M)
+    start_m = tl.program_id(0) % num_m
     if IS_CAUSAL:  # the longest programs (last query blocks) first: a better-filled last wave
-        start_m = tl.num_programs(0) - 1 - start_m
-    zh = tl.program_id(1)
+        start_m = num_m - 1 - start_m
+    zh = tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP                                   # GQA: q heads h share k/v head h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -207,8 +211,8 @@ def flash_forward_kernel(
 @triton.jit
 def flash_backward_preprocess_kernel(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, n_q, head_dim,
                                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    start_m = tl.program_id(0)
-    zh = tl.program_id(1)
+    num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, as the forward's
+    start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -229,8 +233,9 @@ def flash_backward_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N
-    zh = tl.program_id(1)
+    num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
+    start_n = (tl.program_id(0) % num_n) * BLOCK_N
+    zh = tl.program_id(0) // num_n
     z, kv_h = zh // H_KV, zh % H_KV
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -285,8 +290,8 @@ def flash_backward_dq_kernel(
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    start_m = tl.program_id(0)
-    zh = tl.program_id(1)
+    num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, query blocks fastest
+    start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)

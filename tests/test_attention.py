@@ -190,6 +190,14 @@ def test_long_sequences_on_gpu(N):
 
 
 @gpu
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_more_than_65535_batch_heads_on_gpu(is_causal):
+    """B·H = 65536 (8192 TSP instances × 8 heads): more programs than CUDA allows in grid
+    dimensions 1 and 2, so the kernels index (block, batch·head) in dimension 0."""
+    _check(8192, 8, 8, 20, 20, 16, is_causal, torch.bfloat16)
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("Nq,Nk,D,is_causal", [(1000, 1000, 64, True), (257, 1000, 128, False),
                                                (4096, 4096, 128, True)])
