@@ -21,6 +21,26 @@ def _naive(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
 ATTENTION = {"naive": _naive, "sdpa": F.scaled_dot_product_attention, "flashlab": attention}
 
 
+def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (Su et al., "RoFormer", 2021) of ``x (…, N, D)``: the pair
+    (x_i, x_{i+D/2}) at position n is rotated by the angle n·θ_i, θ_i = base^(−2i/D). A
+    rotated query and key have a dot product that depends on their positions only through
+    n_q − n_k, so the model sees relative positions at any length it is run at."""
+    n, half = x.shape[-2], x.shape[-1] // 2
+    theta = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angle = torch.arange(n, device=x.device, dtype=torch.float32)[:, None] * theta        # (N, D/2), fp32
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+def with_rotary(attention_fn):
+    """``attention_fn`` with rotary position embeddings applied to its queries and keys."""
+    def rotary_attention(q, k, v, **kwargs):
+        return attention_fn(rotary(q), rotary(k), v, **kwargs)
+    return rotary_attention
+
+
 class Block(nn.Module):
     """x + Attention(LN(x)), then x + MLP(LN(x))."""
 
@@ -37,19 +57,25 @@ class Block(nn.Module):
 
 
 class CausalTransformer(nn.Module):
-    """Token + learned position embeddings, ``n_layers`` blocks, a final norm and a tied
-    output projection. ``checkpoint_blocks`` recomputes each block's activations in the
-    backward instead of storing them (activation checkpointing, per block)."""
+    """Token embeddings, ``n_layers`` blocks, a final norm and a tied output projection.
+    ``positions``: "learned" (an embedding per position, added to the tokens) or "rotary"
+    (queries and keys rotated by position inside every attention: no position parameters,
+    and relative offsets look the same at every length). ``checkpoint_blocks`` recomputes
+    each block's activations in the backward instead of storing them (per block)."""
 
     def __init__(self, vocab_size: int, max_len: int, d_model: int = 128, n_layers: int = 2, n_heads: int = 4,
-                 attention: str = "flashlab", dropout: float = 0.0, checkpoint_blocks: bool = False):
+                 attention: str = "flashlab", dropout: float = 0.0, checkpoint_blocks: bool = False,
+                 positions: str = "learned"):
         super().__init__()
         if attention not in ATTENTION:
             raise ValueError(f"attention: {attention!r} is not one of {sorted(ATTENTION)}.")
+        if positions not in ("learned", "rotary"):
+            raise ValueError(f"positions: {positions!r} is not 'learned' or 'rotary'.")
         self.max_len, self.checkpoint_blocks = max_len, checkpoint_blocks
         self.tokens = nn.Embedding(vocab_size, d_model)
-        self.positions = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, ATTENTION[attention], dropout) for _ in range(n_layers))
+        self.positions = nn.Embedding(max_len, d_model) if positions == "learned" else None
+        attention_fn = ATTENTION[attention] if positions == "learned" else with_rotary(ATTENTION[attention])
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, attention_fn, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.apply(self._init)
 
@@ -65,7 +91,9 @@ class CausalTransformer(nn.Module):
         n = tokens.shape[1]
         if n > self.max_len:
             raise ValueError(f"tokens: sequence length {n} exceeds max_len={self.max_len}.")
-        x = self.tokens(tokens) + self.positions(torch.arange(n, device=tokens.device))
+        x = self.tokens(tokens)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(n, device=tokens.device))
         for block in self.blocks:
             if self.checkpoint_blocks and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
@@ -76,5 +104,5 @@ class CausalTransformer(nn.Module):
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.tokens.weight.numel() + self.positions.weight.numel()
+            n -= self.tokens.weight.numel() + (self.positions.weight.numel() if self.positions is not None else 0)
         return n

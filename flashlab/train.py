@@ -53,6 +53,7 @@ class TrainConfig:
     n_heads: int = 4
     dropout: float = 0.0
     attention: str = "sdpa"                # naive | sdpa | flashlab
+    positions: str = "learned"             # learned | rotary (flashlab.model)
     checkpoint_blocks: bool = False        # activation checkpointing, per block
     # optimisation
     steps: int = 100
@@ -161,7 +162,7 @@ class Trainer:
     def build_model(self) -> torch.nn.Module:
         c = self.config
         return CausalTransformer(c.vocab_size, c.seq_len, c.d_model, c.n_layers, c.n_heads, c.attention, c.dropout,
-                                 c.checkpoint_blocks)
+                                 c.checkpoint_blocks, c.positions)
 
     def metric_denominator(self) -> int:
         """What the summed metric of one step is divided by (here: answers in the batch)."""
