@@ -55,6 +55,17 @@ def target_table(record: dict) -> list[dict]:
     return table
 
 
+def sdpa_backend_from_kernels(kernel_names) -> str:
+    """Which SDPA backend ran, from the CUDA kernel names a profiler recorded. cuDNN's
+    kernels carry "flash" in their names too (…_sdpa_sm90_flash_fprop_…), so "cudnn" is
+    looked for first."""
+    text = " ".join(kernel_names).lower()
+    for marker, name in (("cudnn", "cudnn"), ("fmha", "efficient"), ("efficient", "efficient"), ("flash", "flash")):
+        if marker in text:
+            return name
+    return "math"
+
+
 def fit_power_law(xs, ys) -> float:
     """Least-squares exponent p of y ≈ c·x^p (a straight line in log–log)."""
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]

@@ -24,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flashlab import attention, naive_attention
 from flashlab.bench import extra_memory, time_ms
 from flashlab.model import CausalTransformer
+from flashlab.report import sdpa_backend_from_kernels
 from flashlab.results import environment
 from flashlab.train import TrainConfig, measure_step
 
@@ -67,14 +68,6 @@ def _kernels(fn):
     return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
 
 
-def _backend(kernels):
-    text = " ".join(kernels).lower()
-    for marker, name in (("flash", "flash"), ("cudnn", "cudnn"), ("fmha", "efficient"), ("efficient", "efficient")):
-        if marker in text:
-            return name
-    return "math"
-
-
 def claim7():
     rows = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -87,8 +80,8 @@ def claim7():
                 forced = "accepted"
             except RuntimeError as exc:
                 forced = "refused: " + str(exc).splitlines()[0][:120]
-            rows.append({"dtype": str(dtype), "head_dim": head_dim, "default_backend": _backend(kernels),
-                         "kernels": kernels[:6], "forced_flash": forced})
+            rows.append({"dtype": str(dtype), "head_dim": head_dim, "kernels": kernels[:6], "forced_flash": forced,
+                         "default_backend": sdpa_backend_from_kernels(kernels)})
     return rows
 
 

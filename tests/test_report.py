@@ -30,3 +30,12 @@ def test_targets_are_ratios_of_times_in_the_same_record():
 def test_power_law_fit():
     assert fit_power_law([512, 1024, 2048, 4096], [3 * n**1.5 for n in (512, 1024, 2048, 4096)]) == pytest.approx(1.5)
     assert fit_power_law([1, 10, 100], [7, 7, 7]) == pytest.approx(0.0)
+
+
+def test_sdpa_backend_from_kernel_names():
+    from flashlab.report import sdpa_backend_from_kernels
+    cudnn = ["Memset (Device)", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64"]
+    assert sdpa_backend_from_kernels(cudnn) == "cudnn"        # "flash" is in cuDNN's name too
+    assert sdpa_backend_from_kernels(["fmha_cutlassF_f32_aligned_64x64_rf_sm80(...)"]) == "efficient"
+    assert sdpa_backend_from_kernels(["void pytorch_flash::flash_fwd_kernel<...>"]) == "flash"
+    assert sdpa_backend_from_kernels(["ampere_sgemm_128x64_tn", "softmax_warp_forward"]) == "math"

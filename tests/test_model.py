@@ -1,0 +1,36 @@
+"""The causal transformer's rotary position embeddings."""
+
+import pytest
+import torch
+
+from flashlab.model import CausalTransformer, rotary
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 64, dtype=torch.float64), torch.randn(1, 1, 1, 64, dtype=torch.float64)
+    n = 300
+    rq = rotary(q.expand(1, 1, n, 64).contiguous().float()).double()   # the same q at every position
+    rk = rotary(k.expand(1, 1, n, 64).contiguous().float()).double()
+    scores = rq[0, 0] @ rk[0, 0].T                                      # (n, n)
+    for offset in (0, 1, 17, 250):
+        diagonal = torch.diagonal(scores, -offset)                         # q at i, k at i − offset
+        assert torch.allclose(diagonal, diagonal[0].expand_as(diagonal), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(rotary(q.float())[0, 0, 0].double(), q[0, 0, 0], atol=1e-6)    # position 0: no rotation
+    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1).expand(1, 1, n), rtol=1e-5)     # a rotation keeps norms
+
+
+def test_rotary_model_has_no_position_parameters_and_runs_longer_than_trained():
+    torch.manual_seed(0)
+    learned = CausalTransformer(32, 16, d_model=32, n_layers=1, n_heads=2, attention="sdpa")
+    rope = CausalTransformer(32, 16, d_model=32, n_layers=1, n_heads=2, attention="sdpa", positions="rotary")
+    assert learned.num_parameters() - rope.num_parameters() == 16 * 32
+    tokens = torch.randint(0, 32, (2, 12))
+    same = CausalTransformer(32, 16, d_model=32, n_layers=1, n_heads=2, attention="naive", positions="rotary")
+    same.load_state_dict(rope.state_dict())
+    torch.testing.assert_close(rope(tokens), same(tokens), rtol=1e-4, atol=1e-4)     # sdpa and naive agree
+    assert rope(torch.randint(0, 32, (1, 40))).shape == (1, 40, 32)                  # past max_len = 16
+    with pytest.raises(ValueError, match="max_len"):
+        learned(torch.randint(0, 32, (1, 40)))
+    with pytest.raises(ValueError, match="positions"):
+        CausalTransformer(32, 16, positions="alibi")
