@@ -22,6 +22,18 @@ TARGETS = [
 MEMORY_TARGET = 1.10     # extra memory of flashlab's fwd+bwd ≤ 1.10 × the flash backend's
 
 
+def merge_records(*records: dict) -> dict:
+    """One record from several runs on the same machine (e.g. more sequence lengths measured
+    later). Each row keeps its ratios meaningful because every implementation of a shape was
+    timed in the same run; the environments must agree."""
+    first = records[0]["environment"]
+    for other in records[1:]:
+        if (other["environment"]["gpu"], other["environment"]["torch"]) != (first["gpu"], first["torch"]):
+            raise ValueError(f"records: {other['environment']} was not measured where {first} was; "
+                             "merge only runs of the same GPU and PyTorch.")
+    return {"environment": first, "rows": [row for record in records for row in record["rows"]]}
+
+
 def index(record: dict) -> dict:
     """(impl, N, D, causal, dtype, mode) → row, for rows that have a time."""
     return {(r["impl"], r["N"], r["D"], r["causal"], r["dtype"], r["mode"]): r for r in record["rows"] if "ms" in r}

@@ -39,3 +39,14 @@ def test_sdpa_backend_from_kernel_names():
     assert sdpa_backend_from_kernels(["fmha_cutlassF_f32_aligned_64x64_rf_sm80(...)"]) == "efficient"
     assert sdpa_backend_from_kernels(["void pytorch_flash::flash_fwd_kernel<...>"]) == "flash"
     assert sdpa_backend_from_kernels(["ampere_sgemm_128x64_tn", "softmax_warp_forward"]) == "math"
+
+
+def test_merge_records_refuses_different_machines():
+    import pytest
+
+    from flashlab.report import merge_records
+    a = {"environment": {"gpu": "NVIDIA H200", "torch": "2.11"}, "rows": [{"impl": "flashlab", "N": 512}]}
+    b = {"environment": {"gpu": "NVIDIA H200", "torch": "2.11"}, "rows": [{"impl": "flashlab", "N": 2048}]}
+    assert [r["N"] for r in merge_records(a, b)["rows"]] == [512, 2048]
+    with pytest.raises(ValueError, match="records"):
+        merge_records(a, {"environment": {"gpu": "NVIDIA A100", "torch": "2.11"}, "rows": []})
