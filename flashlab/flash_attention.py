@@ -120,7 +120,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         mask, mask_strides, has_mask, mask_is_bool = _mask_args(ctx.attn_mask, q, k)
         common = dict(IS_CAUSAL=ctx.is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                      DROPOUT=ctx.dropout_p > 0, BLOCK_D=block_d, INPUT_PRECISION=ctx.precision, **cfg)
+                      DROPOUT=ctx.dropout_p > 0, EVEN_D=head_dim == block_d, BLOCK_D=block_d,
+                      INPUT_PRECISION=ctx.precision, **cfg)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                    lse.stride(0), lse.stride(1))
         flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]) * B * H_kv,)](

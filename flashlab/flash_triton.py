@@ -10,6 +10,9 @@ Forward, one program per (block of BLOCK_M queries, batch·head):
         acc' = acc·2^(m − m') + P̃ V_j
     O_i = acc / l;  L_i = m + log2 l  (base-2 log-sum-exp, +inf for a row with no key)
 
+Tiles that need no mask (whole blocks, below the causal diagonal, no attn_mask) run on an
+unchecked fast path in all three kernels; the rest are checked.
+
 Backward:
     preprocess   D_i = rowsum(dO_i ∘ O_i)
     dK/dV pass   one program per key block (and k/v head): K_j, V_j stay on chip while all
@@ -223,6 +226,52 @@ def flash_backward_preprocess_kernel(O, DO, DELTA, soz, soh, som, sod, sdz, sdh,
     tl.store(DELTA + zh * n_q + offs_m, delta, mask=offs_m < n_q)
 
 
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d, lo, hi,
+                start_n, n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, sqm, sdm, smm,
+                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Accumulates dK_j and dV_j over query blocks lo, lo + BLOCK_M, … < hi of one q head.
+
+    CHECKED=False is the fast path for tiles that need no masking: whole query blocks
+    (inside Nq), a whole key block (inside Nk), entirely on or below the causal diagonal,
+    no attn_mask. Then no bounds checks and no −inf fills."""
+    d_ok = offs_d < head_dim
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_mb
+        if CHECKED:
+            q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
+            q = tl.load(q_ptrs + start_m * sqm, mask=q_ok, other=0.0)
+            s = _tile_scores(q, k, mask_ptrs + start_m * smm, offs_m, offs_n - start_n, start_n, n_q, n_k, qk_scale,
+                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+            lse = tl.load(l_ptrs + offs_m, mask=offs_m < n_q, other=float("inf"))
+            do = tl.load(do_ptrs + start_m * sdm, mask=q_ok, other=0.0)
+            delta = tl.load(delta_ptrs + offs_m, mask=offs_m < n_q, other=0.0)
+        else:
+            if EVEN_D:
+                q = tl.load(q_ptrs + start_m * sqm)
+                do = tl.load(do_ptrs + start_m * sdm)
+            else:
+                q = tl.load(q_ptrs + start_m * sqm, mask=d_ok[None, :], other=0.0)
+                do = tl.load(do_ptrs + start_m * sdm, mask=d_ok[None, :], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            lse = tl.load(l_ptrs + offs_m)
+            delta = tl.load(delta_ptrs + offs_m)
+        p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
+        if DROPOUT:
+            keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
+            p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+            dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
+        else:
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
+        ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+    return dk, dv
+
+
 @triton.jit(do_not_specialize=["seed"])
 def flash_backward_dkdv_kernel(
     Q, K, V, MASK, DO, L, DELTA, DK, DV,
@@ -231,7 +280,8 @@ def flash_backward_dkdv_kernel(
     sdkz, sdkh, sdkn, sdkd, sdvz, sdvh, sdvn, sdvd,
     H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
@@ -251,34 +301,79 @@ def flash_backward_dkdv_kernel(
     lo = 0
     if IS_CAUSAL:
         lo = (start_n // BLOCK_M) * BLOCK_M                      # earlier query blocks see none of these keys
+    # Query blocks [clean_lo, clean_hi) need no mask: whole blocks inside Nq whose first query
+    # is at or past this key block's last key (causal), with a whole key block and no
+    # attn_mask. Blocks before (the diagonal) and after (the ragged end of Nq) are checked.
+    # (Branches only on constexprs; the runtime test goes through tl.where.)
+    full_end = (n_q // BLOCK_M) * BLOCK_M
+    first_clean = lo
+    if IS_CAUSAL:
+        first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M   # first query ≥ last key
+    if HAS_MASK:
+        first_clean = n_q
+    clean_lo = tl.minimum(tl.where(start_n + BLOCK_N <= n_k, first_clean, n_q), full_end)
+    if IS_CAUSAL:
+        clean_lo = tl.maximum(clean_lo, lo)
+    clean_hi = tl.maximum(clean_lo, full_end)
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
         h = kv_h * GROUP + g
-        for start_m in range(lo, n_q, BLOCK_M):
-            offs_m = start_m + offs_mb
-            q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
-            q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
-            s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn,
-                             offs_m, offs_n - start_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK,
-                             MASK_IS_BOOL, INPUT_PRECISION)
-            lse = tl.load(L + z * slz + h * slh + offs_m, mask=offs_m < n_q, other=float("inf"))
-            p = tl.math.exp2(s - lse[:, None])                   # P = 2^(S − L), recomputed
-            do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd,
-                         mask=q_ok, other=0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
-            if DROPOUT:
-                keep = dropout_keep(seed, z * H + h, offs_m, offs_n, n_k, dropout_p)
-                p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-                dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
-                dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
-            else:
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
-            delta = tl.load(DELTA + (z * H + h) * n_q + offs_m, mask=offs_m < n_q, other=0.0)
-            ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+        q_ptrs = Q + z * sqz + h * sqh + offs_mb[:, None] * sqm + offs_d[None, :] * sqd
+        do_ptrs = DO + z * sdz + h * sdh + offs_mb[:, None] * sdm + offs_d[None, :] * sdd
+        mask_ptrs = MASK + z * smz + h * smh + offs_mb[:, None] * smm + offs_n[None, :] * smn
+        l_ptrs = L + z * slz + h * slh
+        delta_ptrs = DELTA + (z * H + h) * n_q
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                             lo, clean_lo, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                             sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                             INPUT_PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                             clean_lo, clean_hi, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                             sqm, sdm, smm, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                             INPUT_PRECISION)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                             clean_hi, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                             sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                             INPUT_PRECISION)
     tl.store(DK + z * sdkz + kv_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + z * sdvz + kv_h * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,
              dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, lo, hi,
+              n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+              CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+              MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+              BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi; CHECKED=False as in the
+    forward: whole key blocks below the causal diagonal, no attn_mask. (Rows past Nq need
+    no mask there: their L is +inf, so P = 2^(S − L) = 0.)"""
+    d_ok = offs_d < head_dim
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if CHECKED:
+            kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
+            k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
+            s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+            v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
+        else:
+            if EVEN_D:
+                k = tl.load(k_ptrs + start_n * skn)
+                v = tl.load(v_ptrs + start_n * svn)
+            else:
+                k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
+                v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)               # dQ += dS K
+    return dq
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -288,7 +383,8 @@ def flash_backward_dq_kernel(
     smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh, sdqz, sdqh, sdqm, sdqd,
     H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, query blocks fastest
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
@@ -304,24 +400,23 @@ def flash_backward_dq_kernel(
     lse = tl.load(L + z * slz + h * slh + offs_m, mask=offs_m < n_q, other=float("inf"))
     delta = tl.load(DELTA + zh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_ptrs = K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
+    v_ptrs = V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
+    mask_ptrs = MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn
 
     hi = n_k
     if IS_CAUSAL:
         hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
-        k = tl.load(K + z * skz + kv_h * skh + cols[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-        s = _tile_scores(q, k, MASK + z * smz + h * smh + offs_m[:, None] * smm + cols[None, :] * smn,
-                         offs_m, offs_n, start_n, n_q, n_k, qk_scale, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL,
-                         INPUT_PRECISION)
-        p = tl.math.exp2(s - lse[:, None])
-        v = tl.load(V + z * svz + kv_h * svh + cols[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-        if DROPOUT:
-            keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)               # dQ += dS K
+    clean_hi = 0                                                 # the forward's split, see there
+    if not HAS_MASK:
+        clean_hi = (n_k // BLOCK_N) * BLOCK_N
+        if IS_CAUSAL:
+            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, 0, clean_hi,
+                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
+    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, clean_hi, hi,
+                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
     tl.store(DQ + z * sdqz + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

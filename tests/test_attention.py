@@ -189,6 +189,20 @@ def test_long_sequences_on_gpu(N):
     _check(1, 2, 2, N, N, 64, True, torch.bfloat16)
 
 
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16)])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("Nq,Nk,D", [(100, 70, 24), (96, 96, 16)])
+def test_backward_fast_path_with_any_tiles(monkeypatch, block_m, block_n, is_causal, Nq, Nk, D):
+    """The backward's unmasked tiles (whole blocks, below the diagonal) and its checked tiles
+    (the diagonal, ragged Nq and Nk, head dims that are not powers of two) must meet
+    exactly, for any block shapes: gradients vs float64 with GQA."""
+    import flashlab.flash_attention as fa
+    config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1}
+    monkeypatch.setattr(fa, "_backward_config", lambda head_dim, interpreted: config)
+    monkeypatch.setattr(fa, "_forward_config", lambda head_dim, interpreted: config)
+    _check(1, 4, 2, Nq, Nk, D, is_causal, torch.float32)
+
+
 @gpu
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_more_than_65535_batch_heads_on_gpu(is_causal):
