@@ -133,9 +133,12 @@ class AttentionModel(nn.Module):
             x = layer(x)
         return x
 
-    def forward(self, coords: torch.Tensor, decode: str = "greedy") -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, coords: torch.Tensor, decode: str = "greedy", trace: list | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tours ``(batch, n)`` and the sum of their log-probabilities ``(batch,)``.
-        ``decode``: "greedy" (most probable city each step) or "sample"."""
+        ``decode``: "greedy" (most probable city each step) or "sample". ``trace``: a list
+        that receives, step by step, the probability of every city ``(batch, n)`` (visited
+        ones 0), to look inside the decoder."""
         if decode not in ("greedy", "sample"):
             raise ValueError(f"decode: {decode!r} is not 'greedy' or 'sample'.")
         batch, n, _ = coords.shape
@@ -158,6 +161,8 @@ class AttentionModel(nn.Module):
             logits = torch.einsum("bd,bnd->bn", glimpse, logit_k) / math.sqrt(dim)
             logits = (self.tanh_clip * torch.tanh(logits)).masked_fill(visited, float("-inf"))
             log_p = F.log_softmax(logits.float(), dim=-1)
+            if trace is not None:
+                trace.append(log_p.detach().exp())
             city = log_p.argmax(1) if decode == "greedy" else torch.multinomial(log_p.exp(), 1).squeeze(1)
             tour.append(city)
             log_probs.append(log_p[rows, city])

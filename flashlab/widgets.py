@@ -1,5 +1,6 @@
 """Interactive figures for the notebooks: step through the tiles of a tiled attention
-forward, and size blocks for a given on-chip memory.
+forward, size blocks for a given on-chip memory, see how numbers round in each format, and
+step through the TSP Attention Model's decoder.
 
 The drawing functions return matplotlib figures and work without a notebook (tests call
 them); the ``*_widget`` functions wrap them in ipywidgets sliders.
@@ -143,3 +144,44 @@ def number_formats_widget(value: float = 0.1):
     box.observe(show, names="value")
     show()
     return widgets.VBox([box, table])
+
+
+def draw_decoding_step(coords, tour, probabilities, step: int):
+    """The TSP decoder at ``step`` for one instance: the tour so far, and the probability it
+    gives each city next (visited cities, masked out of the glimpse and the logits, get 0).
+    ``coords (n, 2)``, ``tour (n,)``, ``probabilities (n steps, n)``."""
+    import numpy as np
+
+    xy, tour, p = np.asarray(coords), np.asarray(tour), np.asarray(probabilities[step])
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
+    done = tour[:step]
+    if len(done):
+        ax.plot(xy[done, 0], xy[done, 1], "-", color="tab:blue", lw=1.5, label="tour so far")
+        ax.plot(*xy[done[-1]], "s", ms=9, mfc="none", mec="tab:blue", label="current city")
+    points = ax.scatter(xy[:, 0], xy[:, 1], c=p, cmap="viridis", vmin=0, vmax=max(p.max(), 1e-9), s=40,
+                        edgecolors="k", linewidths=0.5)
+    ax.plot(*xy[tour[step]], "o", ms=14, mfc="none", mec="tab:red", label="chosen next")
+    fig.colorbar(points, ax=ax, label="p(next city)")
+    ax.set(xlabel="x", ylabel="y", aspect="equal", title=f"step {step + 1} of {len(tour)}")
+    ax.legend(fontsize=7, loc="upper right")
+    top = np.argsort(-p)[:6]
+    bars.barh([f"city {i}" for i in top][::-1], p[top][::-1], color="tab:green")
+    bars.set(xlabel="probability", xlim=(0, 1), title="most probable next cities")
+    fig.tight_layout()
+    return fig
+
+
+def decoder_stepper_widget(model, coords):
+    """A slider over the decoding steps of ``model`` (greedy) on one instance ``(n, 2)``."""
+    import ipywidgets as widgets
+
+    trace = []
+    with torch.no_grad():
+        tour, _ = model.eval()(coords[None], "greedy", trace=trace)
+    probabilities = torch.cat(trace).float()
+
+    def show(step):
+        draw_decoding_step(coords, tour[0], probabilities, step)
+        plt.show()
+
+    return widgets.interactive(show, step=widgets.IntSlider(0, 0, len(trace) - 1, description="step"))

@@ -23,3 +23,26 @@ def test_tile_steps_skip_causal_tiles_and_end_with_the_right_state():
 def test_block_size_report_states_blocks_and_traffic():
     text = block_size_report(96, 64, 4096)
     assert "block_m (B_r) = 64, block_n (B_c) = 192" in text and "naive" in text
+
+
+def test_decoder_trace_and_step_figure():
+    from flashlab.model import ATTENTION
+    from flashlab.tsp import AttentionModel, random_instances
+    from flashlab.widgets import draw_decoding_step
+
+    torch.manual_seed(0)
+    model = AttentionModel(embed_dim=16, n_heads=2, n_layers=1, ff_dim=32, attention_fn=ATTENTION["sdpa"]).eval()
+    coords = random_instances(3, 7, seed=1)
+    trace = []
+    with torch.no_grad():
+        tours, log_p = model(coords, "greedy", trace=trace)
+    probabilities = torch.stack(trace, 1)                          # (batch, steps, cities)
+    assert probabilities.shape == (3, 7, 7)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(3, 7))
+    chosen = probabilities.gather(2, tours[..., None]).squeeze(-1)
+    torch.testing.assert_close(chosen.log().sum(1), log_p)        # the tour's log-probability
+    assert torch.equal(probabilities.argmax(-1), tours)            # greedy picks the most probable
+    for step in range(1, 7):                                       # visited cities get probability 0
+        assert (probabilities[:, step].gather(1, tours[:, :step]) == 0).all()
+    fig = draw_decoding_step(coords[0], tours[0], probabilities[0], step=3)
+    assert fig.axes[0].get_title() == "step 4 of 7"
