@@ -1,6 +1,7 @@
 """GPU sweep (H200): forward and backward block configurations of flashlab's kernels,
 timed against SDPA's flash and cuDNN backends in the same run, each config checked for
-correctness first. The autotuning config lists in flashlab/flash_attention.py come from this.
+correctness first: the data the hand-picked configurations in flashlab/flash_attention.py
+should be checked against, and autotuning candidates chosen from (not done yet).
 
 Run on a GPU from the repository root:
     PYTHONPATH=. python results/sweep_configs.py OUT.json
