@@ -107,32 +107,43 @@ def dropout_mask_kernel(KEEP, seed, n_q, n_k, dropout_p, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
+def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale, skn, svn, smn,
+               CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+               EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """K_j, V_j and S = Q K_jᵀ (base 2) for the key block at ``start_n``, as the forward and
+    the dQ pass both stream them. CHECKED=False is the fast path for tiles known to need
+    no masking at all (inside Nk, below the causal diagonal, no attn_mask): no bounds
+    checks, no −inf fills."""
+    if CHECKED:
+        kv_ok = (start_n + offs_n < n_k)[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
+        s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+        v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
+    else:
+        if EVEN_D:
+            k = tl.load(k_ptrs + start_n * skn)
+            v = tl.load(v_ptrs + start_n * svn)
+        else:
+            k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
+            v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    return k, v, s
+
+
+@triton.jit
 def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, lo, hi,
                    n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
                    CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                    MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m).
-
-    CHECKED=False is the fast path for tiles known to need no masking at all (inside Nk,
-    below the causal diagonal, no attn_mask): no bounds checks, no −inf fills."""
+    """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
+    CHECKED as in `_key_block`."""
     d_ok = offs_d < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if CHECKED:
-            kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
-            s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
-                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
-            v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
-        else:
-            if EVEN_D:
-                k = tl.load(k_ptrs + start_n * skn)
-                v = tl.load(v_ptrs + start_n * svn)
-            else:
-                k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
-                v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        k, v, s = _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale,
+                             skn, svn, smn, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
         p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
@@ -352,20 +363,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, 
     d_ok = offs_d < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if CHECKED:
-            kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
-            s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
-                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
-            v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
-        else:
-            if EVEN_D:
-                k = tl.load(k_ptrs + start_n * skn)
-                v = tl.load(v_ptrs + start_n * svn)
-            else:
-                k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
-                v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        k, v, s = _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale,
+                             skn, svn, smn, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:

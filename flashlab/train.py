@@ -381,15 +381,20 @@ def measure_step(config: TrainConfig, steps: int = 5, warmup: int = 2) -> dict:
             / (times[len(times) // 2] / 1e3), "mfu": m["mfu"]}
 
 
+def read_metrics(path) -> list[dict]:
+    """The rows of a metrics CSV written by `Trainer.fit`, every value a float (NaN where empty)."""
+    with open(path, newline="") as f:
+        return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def plot_metrics(csv_paths: dict, y: str = "loss", ax=None):
     """Plot column ``y`` against step for each labelled metrics CSV."""
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
     for label, path in csv_paths.items():
-        with open(path) as f:
-            rows = list(csv.DictReader(f))
-        ax.plot([int(r["step"]) for r in rows], [float(r[y]) for r in rows], label=label)
+        rows = read_metrics(path)
+        ax.plot([int(r["step"]) for r in rows], [r[y] for r in rows], label=label)
     ax.set(xlabel="optimizer step", ylabel=y)
     ax.legend()
     return ax

@@ -179,6 +179,15 @@ class AttentionModel(nn.Module):
         return torch.cat([self(coords[i:i + batch_size])[0] for i in range(0, len(coords), batch_size)])
 
 
+def plot_tour(ax, coords: torch.Tensor, tour: torch.Tensor, style: str = "-", label: str | None = None, **kwargs):
+    """Draw one closed tour (``coords (n, 2)``, ``tour (n,)``) and its cities on ``ax``."""
+    xy = coords.detach().cpu().numpy()
+    path = xy[tour.tolist() + [tour[0].item()]]
+    ax.plot(path[:, 0], path[:, 1], style, lw=kwargs.pop("lw", 1.3), label=label, **kwargs)
+    ax.plot(xy[:, 0], xy[:, 1], "o", ms=3, color="k")
+    ax.set(xlabel="x", ylabel="y", aspect="equal")
+
+
 def save_model(model: AttentionModel, path, **metadata) -> None:
     """A checkpoint with the weights, the architecture and free-form metadata (training time, …)."""
     config = {"embed_dim": model.init_embed.out_features, "n_heads": model.n_heads, "n_layers": len(model.layers),

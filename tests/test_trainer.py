@@ -205,3 +205,11 @@ def test_command_line_trains_and_writes_metrics(tmp_path):
     from flashlab.train import plot_metrics
     ax = plot_metrics({"cli run": tmp_path / "metrics.csv"}, y="loss")
     assert ax.get_xlabel() == "optimizer step" and len(ax.lines[0].get_xdata()) == 3
+
+
+def test_read_metrics_gives_floats_and_nan_for_empty(tmp_path):
+    from flashlab.train import read_metrics
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,loss,eval\n0,2.5,\n1,2.0,0.75\n")
+    rows = read_metrics(path)
+    assert rows[1] == {"step": 1.0, "loss": 2.0, "eval": 0.75} and math.isnan(rows[0]["eval"])

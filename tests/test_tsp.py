@@ -91,3 +91,17 @@ def test_encoder_benchmark_times_every_attention():
     rows = benchmark_encoder([10], batch=2, warmup_ms=1, rep_ms=1)
     assert [r["attention"] for r in rows] == ["naive", "sdpa", "flashlab"]
     assert all("error" not in r and r["fwd_ms"] > 0 and r["fwd+bwd_ms"] > 0 for r in rows)
+
+
+def test_plot_tour_draws_the_closed_tour():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashlab.tsp import plot_tour
+    coords = random_instances(1, 5, seed=0)[0]
+    tour = torch.tensor([2, 0, 4, 1, 3])
+    ax = plt.subplots()[1]
+    plot_tour(ax, coords, tour)
+    xs, ys = ax.lines[0].get_data()
+    assert len(xs) == 6 and (xs[0], ys[0]) == (xs[-1], ys[-1]) == tuple(coords[2].tolist())
