@@ -39,6 +39,7 @@ def _bench_softmax(args) -> None:
 
 
 def _bench_attention(args) -> None:
+    from . import autotune
     from .bench import benchmark_attention
     from .results import environment
 
@@ -47,7 +48,8 @@ def _bench_attention(args) -> None:
     def save(rows):
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+            Path(args.out).write_text(json.dumps({"environment": env, "rows": rows,
+                                                  "autotune": autotune.tuner.report()}, indent=1))
 
     rows = benchmark_attention(args.seq_lens, args.head_dims, tuple(c == "causal" for c in args.masks),
                                tuple(getattr(torch, d) for d in args.dtypes), tokens=args.tokens, heads=args.heads,

@@ -169,6 +169,8 @@ def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dty
 
             try:
                 out = fn(q, k, v, is_causal)          # warm-up (and compilation), and the graph for "bwd"
+                forward_backward()                    # compiles (flex) and autotunes (flashlab) the backward
+                                                      # too, so neither counts in the memory peaks below
                 memory = {"fwd": extra_memory(forward, device), "fwd+bwd": extra_memory(forward_backward, device)}
                 for mode in modes:
                     if mode == "fwd":

@@ -7,7 +7,7 @@ import torch
 import triton
 from torch import nn
 
-from . import runtime
+from . import autotune, runtime
 from .checks import check_attention_inputs, default_scale
 from .flash_triton import (
     LOG2E,
@@ -28,25 +28,12 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs ≥ 16; the mask hides the padding
 
 
-def _forward_config(head_dim: int, interpreted: bool) -> dict:
-    if interpreted:  # the interpreter's cost grows with programs × tile work: small tiles
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-    if head_dim <= 64:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    if head_dim <= 128:
-        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """The GPU's compute capability, or None under Triton's interpreter (CPU tensors)."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def _backward_config(head_dim: int, interpreted: bool) -> dict:
-    if interpreted:
-        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
-    # Measured on an H200 with Triton 3.6: BLOCK_M < BLOCK_N with num_stages=2 gave dK
-    # errors of 1-9% (D=128, fp16 and bf16; results/probe_dk.py); BLOCK_M = BLOCK_N or one
-    # stage were exact. Cause not yet found (a pipelining issue is suspected): keep them equal.
-    if head_dim <= 128:
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+PREPROCESS_BLOCK = {True: 64, False: 32}   # rows per program of D = rowsum(dO ∘ O): GPU, interpreter
 
 
 def _mask_args(attn_mask, q, k):
@@ -78,6 +65,14 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     return keep.bool()
 
 
+def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
+    """Runs ``launch(config)`` with the configuration the autotuner picks for this shape
+    (on the first call of a shape it tries every candidate, then remembers the fastest)."""
+    configs = autotune.candidates(kernel, q.shape[-1], _capability(q.device))
+    key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout)
+    launch(autotune.tuner.choose(key, configs, launch))
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward
     (with dropout also the seed: the mask is regenerated, never stored)."""
@@ -86,19 +81,23 @@ class FlashAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32):
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
-        interpreted = q.device.type != "cuda"
-        cfg = _forward_config(head_dim, interpreted)
         out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
         mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
         precision = "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
-        grid = (triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)         # 1-D: see the kernel
-        flash_forward_kernel[grid](
-            q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
-            *out.stride(), lse.stride(0), lse.stride(1),
-            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
-            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **cfg)
+
+        def launch(config):
+            grid = (triton.cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
+            flash_forward_kernel[grid](
+                q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
+                *out.stride(), lse.stride(0), lse.stride(1),
+                H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
+                IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
+                EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
+                **config.kwargs())
+            return out, lse
+
+        _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
         ctx.dropout_p, ctx.seed = dropout_p, seed
@@ -110,26 +109,37 @@ class FlashAttentionFunction(torch.autograd.Function):
         B, H, n_q, head_dim = q.shape
         H_kv, n_k = k.shape[1], k.shape[2]
         group = H // H_kv
-        interpreted = q.device.type != "cuda"
-        cfg = _backward_config(head_dim, interpreted)
         block_d = _block_d(head_dim)
         delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-        flash_backward_preprocess_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)](
+        rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
+        flash_backward_preprocess_kernel[(triton.cdiv(n_q, rows) * B * H,)](
             out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
-            BLOCK_M=cfg["BLOCK_M"], BLOCK_D=block_d)
+            BLOCK_M=rows, BLOCK_D=block_d)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         mask, mask_strides, has_mask, mask_is_bool = _mask_args(ctx.attn_mask, q, k)
         common = dict(IS_CAUSAL=ctx.is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
                       DROPOUT=ctx.dropout_p > 0, EVEN_D=head_dim == block_d, BLOCK_D=block_d,
-                      INPUT_PRECISION=ctx.precision, **cfg)
+                      INPUT_PRECISION=ctx.precision)
         strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
                    lse.stride(0), lse.stride(1))
-        flash_backward_dkdv_kernel[(triton.cdiv(n_k, cfg["BLOCK_N"]) * B * H_kv,)](
-            q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
-            H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
-        flash_backward_dq_kernel[(triton.cdiv(n_q, cfg["BLOCK_M"]) * B * H,)](
-            q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
-            H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p, **common)
+
+        def launch_dkdv(config):
+            flash_backward_dkdv_kernel[(triton.cdiv(n_k, config.block_n) * B * H_kv,)](
+                q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
+                H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
+                **common, **config.kwargs())
+            return dk, dv
+
+        def launch_dq(config):
+            flash_backward_dq_kernel[(triton.cdiv(n_q, config.block_m) * B * H,)](
+                q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
+                H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
+                **common, **config.kwargs())
+            return (dq,)
+
+        dropout = ctx.dropout_p > 0
+        _tuned_launch("dkdv", q, k, ctx.is_causal, has_mask, dropout, launch_dkdv)
+        _tuned_launch("dq", q, k, ctx.is_causal, has_mask, dropout, launch_dq)
         return dq, dk, dv, None, None, None, None, None, None
 
 

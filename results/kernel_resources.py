@@ -1,6 +1,7 @@
 """GPU report (issue 5, "what limits each miss"): registers per thread, register spills and
-shared memory of every compiled flashlab kernel, for the default configurations at
-D = 64 and 128, causal and full, bf16, forward and backward. Spills or a shared-memory
+shared memory of every compiled flashlab kernel, for every autotuning candidate at
+D = 64 and 128, causal and full, bf16, forward and backward (B·N = 16384, H = 16, N = 4096),
+and which candidate the autotuner chose. Spills or a shared-memory
 footprint that caps occupancy at one block per SM are the first suspects when a kernel
 trails cuDNN.
 
@@ -13,7 +14,7 @@ import sys
 import torch
 
 import flashlab.flash_triton as kernels
-from flashlab import attention
+from flashlab import attention, autotune
 from flashlab.results import environment
 
 NAMES = ["flash_forward_kernel", "flash_backward_preprocess_kernel", "flash_backward_dkdv_kernel",
@@ -44,14 +45,19 @@ def main(path):
                        for _ in range(3))
             seen.clear()
             attention(q, k, v, is_causal=causal).sum().backward()
+            done = set()
             for name, kwargs, compiled in seen:
                 meta = {key: kwargs[key] for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages") if key in kwargs}
+                if (name, tuple(meta.items())) in done:
+                    continue
+                done.add((name, tuple(meta.items())))
                 rows.append({"kernel": name, "D": d, "causal": causal, **meta,
                              "registers": getattr(compiled, "n_regs", None),
                              "spills": getattr(compiled, "n_spills", None),
                              "shared_bytes": getattr(getattr(compiled, "metadata", None), "shared", None)})
                 print(rows[-1], flush=True)
-    json.dump({"environment": environment(), "rows": rows}, open(path, "w"), indent=1)
+    json.dump({"environment": environment(), "rows": rows, "autotune": autotune.tuner.report()},
+              open(path, "w"), indent=1)
 
 
 if __name__ == "__main__":

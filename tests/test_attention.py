@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import assert_close, reference_attention, reference_gradients
+from flashlab import assert_close, autotune, reference_attention, reference_gradients
 from flashlab.flash_attention import MultiHeadAttention, attention, draw_dropout_seed, dropout_keep_mask
 
 CUDA = torch.cuda.is_available()
@@ -16,6 +16,14 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 # fp32 runs with exact products (exact_fp32=True): fp32 rounding only
 # bf16: correct kernels measured 2.4e-3 on an H200; a wrong dK tile measured 1.2e-2
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture(autouse=True)
+def _default_configs(monkeypatch):
+    """Compiled tests run each kernel's default configuration: tuning every shape of this file
+    would compile every candidate for each. The candidates are checked one by one below, and
+    the tuner itself in two tests of its own."""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
 
 
 def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0):
@@ -192,15 +200,89 @@ def test_long_sequences_on_gpu(N):
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16), (16, 16)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("Nq,Nk,D", [(100, 70, 24), (96, 96, 16)])
-def test_backward_fast_path_with_any_tiles(monkeypatch, block_m, block_n, is_causal, Nq, Nk, D):
+def test_backward_fast_path_with_any_tiles(block_m, block_n, is_causal, Nq, Nk, D):
     """The backward's unmasked tiles (whole blocks, below the diagonal) and its checked tiles
     (the diagonal, ragged Nq and Nk, head dims that are not powers of two) must meet
     exactly, for any block shapes: gradients vs float64 with GQA."""
-    import flashlab.flash_attention as fa
-    config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 1}
-    monkeypatch.setattr(fa, "_backward_config", lambda head_dim, interpreted: config)
-    monkeypatch.setattr(fa, "_forward_config", lambda head_dim, interpreted: config)
-    _check(1, 4, 2, Nq, Nk, D, is_causal, torch.float32)
+    config = autotune.Config(block_m, block_n, 4, 1)
+    with autotune.force(forward=config, dkdv=config, dq=config):
+        _check(1, 4, 2, Nq, Nk, D, is_causal, torch.float32)
+
+
+def _every_candidate():
+    if not CUDA:
+        return []
+    capability = torch.cuda.get_device_capability()
+    return [(kernel, d, config) for kernel in autotune.KERNELS for d in (64, 128, 256)
+            for config in dict.fromkeys(autotune.candidates(kernel, d, capability))]
+
+
+@gpu
+@pytest.mark.parametrize("kernel,D,config", _every_candidate(), ids=str)
+def test_every_autotuning_candidate_on_gpu(kernel, D, config):
+    """Whatever the tuner picks must be right: each candidate configuration of each kernel,
+    forced, on ragged N (not a block multiple), causal and not, bf16, vs float64."""
+    import triton
+    with autotune.force(**{kernel: config}):
+        try:
+            for is_causal in (False, True):
+                _check(1, 4, 2, 1000, 1000, D, is_causal, torch.bfloat16)
+        except triton.runtime.errors.OutOfResources as exc:   # the tuner skips these too
+            pytest.skip(f"{config} does not fit at D={D}: {exc}")
+
+
+@gpu
+def test_autotuned_attention_on_gpu(monkeypatch):
+    """End to end with tuning on: the first call times the candidates and records its choice;
+    the result is right either way."""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
+    before = len(autotune.tuner.report())
+    _check(2, 4, 4, 1000, 1000, 64, True, torch.bfloat16)
+    chosen = {entry["key"][0] for entry in autotune.tuner.report()[before:]}
+    assert chosen == {"forward", "dkdv", "dq"}
+
+
+def test_autotuner_picks_the_fastest_and_rejects_wrong_configs():
+    """On fake timings: the fastest agreeing config wins and is remembered per key; a config
+    whose outputs disagree with the default's, or that fails to compile, is never chosen."""
+    a, b, c, d = (autotune.Config(m, 32, 4, 1) for m in (16, 32, 64, 128))
+    fake_ms = {a: 3.0, b: 2.0, c: 1.0, d: 0.5}
+    result = torch.randn(50)
+    calls = []
+
+    def launch(config):
+        calls.append(config)
+        if config == d:
+            raise RuntimeError("out of resources: shared memory")
+        return (result * (1.5 if config == c else 1.0),)   # c is fast but wrong
+
+    tuner = autotune.Autotuner(bench=lambda fn: (fn(), fake_ms[calls[-1]])[1])
+    key = ("forward", "cuda:0", "torch.bfloat16", 64, True, False, False, 1, 1024, 1024, 64)
+    assert tuner.choose(key, [a, b, c, d], launch) == b
+    assert set(tuner.report()[0]["rejected"]) == {str(c), str(d)}
+    calls.clear()
+    assert tuner.choose(key, [a, b, c, d], launch) == b and calls == []     # remembered, not re-timed
+    assert autotune.shape_key("dq", torch.empty(2, 8, 1000, 64), torch.empty(2, 2, 1000, 64), True, False, False) \
+        == ("dq", "cpu", "torch.float32", 64, True, False, False, 4, 1024, 1024, 16)
+
+
+def test_candidate_lists():
+    """One small config under the interpreter; Hopper lists start with the previously
+    hand-picked defaults and keep dK/dV's blocks square when pipelined."""
+    for kernel in autotune.KERNELS:
+        assert autotune.candidates(kernel, 64, None) == [autotune.INTERPRETER]
+        for d in (16, 64, 96, 128, 256):
+            for capability in ((9, 0), (8, 0), (8, 9)):
+                configs = autotune.candidates(kernel, d, capability)
+                assert configs and len(set(configs)) == len(configs)
+    assert autotune.candidates("forward", 64, (9, 0))[0] == autotune.Config(128, 64, 4, 3)
+    assert autotune.candidates("forward", 128, (9, 0))[0] == autotune.Config(128, 64, 8, 3)
+    assert all(c.block_m == c.block_n for c in autotune.candidates("dkdv", 128, (9, 0)) if c.num_stages > 1)
+    with pytest.raises(ValueError, match="kernel"):
+        autotune.candidates("backward", 64, (9, 0))
+    with pytest.raises(ValueError, match="unknown kernels"):
+        with autotune.force(backward=autotune.INTERPRETER):
+            pass
 
 
 @gpu
