@@ -242,9 +242,10 @@ def test_autotuned_attention_on_gpu(monkeypatch):
     assert chosen == {"forward", "dkdv", "dq"}
 
 
-def test_autotuner_picks_the_fastest_and_rejects_wrong_configs():
+def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch):
     """On fake timings: the fastest agreeing config wins and is remembered per key; a config
     whose outputs disagree with the default's, or that fails to compile, is never chosen."""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
     a, b, c, d = (autotune.Config(m, 32, 4, 1) for m in (16, 32, 64, 128))
     fake_ms = {a: 3.0, b: 2.0, c: 1.0, d: 0.5}
     result = torch.randn(50)
