@@ -126,14 +126,16 @@ def _bucket(n: int) -> int:
 
 def shape_key(kernel, q, k, is_causal, has_mask, dropout) -> tuple:
     """What a tuning result is remembered under: everything that changes the compiled kernel or
-    the amount of work per program (dtype, D, masks, GQA group) and N, Nk, B·H bucketed."""
+    the amount of work per program (dtype, D, masks, GQA group) and N, Nk, B·H bucketed.
+    Built on every call, so kept cheap (no string formatting: small shapes are launch-bound)."""
     B, H, n_q, head_dim = q.shape
-    return (kernel, str(q.device), str(q.dtype), head_dim, bool(is_causal), bool(has_mask), bool(dropout),
+    return (kernel, q.device, q.dtype, head_dim, bool(is_causal), bool(has_mask), bool(dropout),
             H // k.shape[1], _bucket(n_q), _bucket(k.shape[2]), _bucket(B * H))
 
 
 class Autotuner:
-    """Times every candidate once per shape key and remembers the fastest.
+    """Times every candidate once per shape key and remembers the fastest (the default unless
+    another is at least 3% faster).
 
     ``launch(config)`` runs the kernel with that configuration and returns its outputs; each
     candidate's outputs must agree with the default (first) configuration's within
@@ -143,6 +145,11 @@ class Autotuner:
     wrong dK tiles above were 1-9% off."""
 
     TOLERANCE = {"torch.bfloat16": 6e-3, "torch.float16": 3e-3, "torch.float32": 3e-3}   # fp32: TF32 products
+
+    # A candidate must beat the default by this factor to replace it: candidates often differ
+    # by 1-3%, about the run-to-run noise of a timing on a busy GPU (measured on an H200: a
+    # choice made on a 1% lead was 12% slower than the default in the benchmark that followed).
+    MARGIN = 0.97
 
     def __init__(self, bench=None):
         self.bench = bench or _do_bench
@@ -175,9 +182,11 @@ class Autotuner:
         if not times:
             raise RuntimeError(f"no configuration of the {kernel} kernel ran for {key}: {rejected}")
         best = min(times, key=times.get)
+        if configs[0] in times and times[best] > self.MARGIN * times[configs[0]]:
+            best = configs[0]
         self.best[key] = best
-        self.log.append({"key": list(key), "chosen": str(best), "ms": {str(c): t for c, t in times.items()},
-                         "rejected": rejected})
+        self.log.append({"key": [str(part) if not isinstance(part, (int, bool)) else part for part in key],
+                         "chosen": str(best), "ms": {str(c): t for c, t in times.items()}, "rejected": rejected})
         return best
 
     def report(self) -> list[dict]:
@@ -196,7 +205,7 @@ def _rel_error(a, b) -> float:
 
 def _do_bench(fn) -> float:
     import triton.testing
-    return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
 tuner = Autotuner()

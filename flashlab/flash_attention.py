@@ -3,6 +3,8 @@ backed by flashlab's Triton kernels, and an attention ``nn.Module`` built on it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from torch import nn
@@ -28,6 +30,7 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs ≥ 16; the mask hides the padding
 
 
+@functools.cache
 def _capability(device: torch.device) -> tuple[int, int] | None:
     """The GPU's compute capability, or None under Triton's interpreter (CPU tensors)."""
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None

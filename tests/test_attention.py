@@ -246,8 +246,8 @@ def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch):
     """On fake timings: the fastest agreeing config wins and is remembered per key; a config
     whose outputs disagree with the default's, or that fails to compile, is never chosen."""
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
-    a, b, c, d = (autotune.Config(m, 32, 4, 1) for m in (16, 32, 64, 128))
-    fake_ms = {a: 3.0, b: 2.0, c: 1.0, d: 0.5}
+    a, b, c, d, e = (autotune.Config(m, 32, 4, 1) for m in (16, 32, 64, 128, 256))
+    fake_ms = {a: 3.0, b: 2.0, c: 1.0, d: 0.5, e: 2.95}
     result = torch.randn(50)
     calls = []
 
@@ -263,8 +263,9 @@ def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch):
     assert set(tuner.report()[0]["rejected"]) == {str(c), str(d)}
     calls.clear()
     assert tuner.choose(key, [a, b, c, d], launch) == b and calls == []     # remembered, not re-timed
+    assert tuner.choose(key[:-1] + (128,), [a, e], launch) == a     # 1.7% faster is noise: keep the default
     assert autotune.shape_key("dq", torch.empty(2, 8, 1000, 64), torch.empty(2, 2, 1000, 64), True, False, False) \
-        == ("dq", "cpu", "torch.float32", 64, True, False, False, 4, 1024, 1024, 16)
+        == ("dq", torch.device("cpu"), torch.float32, 64, True, False, False, 4, 1024, 1024, 16)
 
 
 def test_candidate_lists():
