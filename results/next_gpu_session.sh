@@ -4,8 +4,8 @@
 #       the GPU attention tests (every autotuning candidate of every kernel vs float64, the
 #       1-D grid, the backward's unmasked fast path), then compiled-kernel resources
 #       (registers, spills, shared memory) of every candidate, for issue 5's analysis;
-#   bash results/next_gpu_session.sh bench OUT DTYPE
-#       the benchmark sweep (N = 512 … 16384) with autotuning, for one dtype.
+#   bash results/next_gpu_session.sh bench OUT DTYPE...
+#       the benchmark sweep (N = 512 … 16384) with autotuning (about 7 minutes for both dtypes).
 set -u
 phase=$1 out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -16,8 +16,8 @@ if [ "$phase" = check ]; then
   timeout 120 python results/kernel_resources.py "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
 else
-  dtype=$3
-  timeout 570 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \
-    --dtypes "$dtype" --flex-seq-lens 1024 4096 --out "$out/attention_$dtype.json" > "$out/bench_$dtype.log" 2>&1
-  tail -n 3 "$out/bench_$dtype.log"
+  shift 2
+  timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \
+    --dtypes "$@" --flex-seq-lens 1024 4096 --out "$out/attention.json" > "$out/bench.log" 2>&1
+  tail -n 3 "$out/bench.log"
 fi
