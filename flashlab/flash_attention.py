@@ -130,7 +130,7 @@ class FlashAttentionFunction(torch.autograd.Function):
             flash_backward_dkdv_kernel[(triton.cdiv(n_k, config.block_n) * B * H_kv,)](
                 q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
                 H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
-                **common, **config.kwargs())
+                FAST_PATH=config.fast_path, **common, **config.kwargs())
             return dk, dv
 
         def launch_dq(config):

@@ -292,7 +292,7 @@ def flash_backward_dkdv_kernel(
     H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
@@ -333,18 +333,24 @@ def flash_backward_dkdv_kernel(
         mask_ptrs = MASK + z * smz + h * smh + offs_mb[:, None] * smm + offs_n[None, :] * smn
         l_ptrs = L + z * slz + h * slh
         delta_ptrs = DELTA + (z * H + h) * n_q
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                             lo, clean_lo, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                             sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                             INPUT_PRECISION)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                             clean_lo, clean_hi, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                             sqm, sdm, smm, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                             INPUT_PRECISION)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                             clean_hi, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                             sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                             INPUT_PRECISION)
+        if FAST_PATH:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                                 lo, clean_lo, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                                 INPUT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                                 clean_lo, clean_hi, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                                 sqm, sdm, smm, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                                 INPUT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
+                                 clean_hi, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                                 INPUT_PRECISION)
+        else:   # every tile checked: one loop, less code and fewer registers (see autotune.Config)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n,
+                                 offs_d, lo, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
+                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
+                                 INPUT_PRECISION)
     tl.store(DK + z * sdkz + kv_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + z * sdvz + kv_h * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,

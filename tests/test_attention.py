@@ -209,6 +209,15 @@ def test_backward_fast_path_with_any_tiles(block_m, block_n, is_causal, Nq, Nk, 
         _check(1, 4, 2, Nq, Nk, D, is_causal, torch.float32)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_backward_with_every_tile_checked(is_causal):
+    """dK/dV with the fast path compiled out (Config.fast_path=False, a tuning candidate): the
+    checked path alone must cover every tile, ragged and diagonal ones included."""
+    config = autotune.Config(16, 16, 4, 1, fast_path=False)
+    with autotune.force(dkdv=config):
+        _check(1, 4, 2, 100, 70, 24, is_causal, torch.float32)
+
+
 def _every_candidate():
     if not CUDA:
         return []
