@@ -13,6 +13,7 @@ The package the FlashLab course builds. Public API so far:
 - `attention`, `MultiHeadAttention`: FlashAttention in Triton (forward, backward, masks,
   GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
+- `flashlab.autotune`: candidate block sizes per GPU generation, and the autotuner that picks one per shape.
 """
 
 # runtime first: it decides compiled vs interpreted before any Triton kernel exists.

@@ -112,3 +112,14 @@ def plot_memory(record: dict, dtype: str, d: int, causal: bool, ax, mode: str = 
     ax.set(xscale="log", yscale="log", xlabel="sequence length N (B·N fixed)", ylabel="extra memory (MiB)",
            title=f"{mode}, D={d}, {'causal' if causal else 'full'}")
     ax.legend(fontsize=7)
+
+
+def autotune_choices(record: dict) -> dict:
+    """(kernel, D, causal) → {chosen config: number of tuned shapes}, from the tuning log that
+    ``python -m flashlab bench`` stores in a record (``autotune.Autotuner.report``)."""
+    choices: dict = {}
+    for entry in record.get("autotune", []):
+        kernel, head_dim, causal = entry["key"][0], entry["key"][3], entry["key"][4]
+        counts = choices.setdefault((kernel, head_dim, causal), {})
+        counts[entry["chosen"]] = counts.get(entry["chosen"], 0) + 1
+    return choices

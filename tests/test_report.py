@@ -50,3 +50,14 @@ def test_merge_records_refuses_different_machines():
     assert [r["N"] for r in merge_records(a, b)["rows"]] == [512, 2048]
     with pytest.raises(ValueError, match="records"):
         merge_records(a, {"environment": {"gpu": "NVIDIA A100", "torch": "2.11"}, "rows": []})
+
+
+def test_autotune_choices_counts_each_kernel_and_shape():
+    from flashlab.report import autotune_choices
+    log = [{"key": ["forward", "cuda:0", "torch.bfloat16", 64, True, False, False, 1, 512, 512, 512], "chosen": "a"},
+           {"key": ["forward", "cuda:0", "torch.float16", 64, True, False, False, 1, 512, 512, 512], "chosen": "b"},
+           {"key": ["forward", "cuda:0", "torch.float16", 64, True, False, False, 1, 1024, 1024, 256], "chosen": "a"},
+           {"key": ["dq", "cuda:0", "torch.float16", 128, False, False, False, 1, 512, 512, 512], "chosen": "c"}]
+    assert autotune_choices({"autotune": log}) == {("forward", 64, True): {"a": 2, "b": 1},
+                                                   ("dq", 128, False): {"c": 1}}
+    assert autotune_choices({"rows": []}) == {}
