@@ -5,7 +5,11 @@
 #       1-D grid, the backward's unmasked fast path), then compiled-kernel resources
 #       (registers, spills, shared memory) of every candidate, for issue 5's analysis;
 #   bash results/next_gpu_session.sh bench OUT DTYPE...
-#       the benchmark sweep (N = 512 … 16384) with autotuning (about 7 minutes for both dtypes).
+#       the benchmark sweep (N = 512 … 16384) with autotuning (about 7.5 minutes for both dtypes);
+#   bash results/next_gpu_session.sh mqar OUT
+#       issue 7's long-context run: MQAR at N = 256 (large batches) then at N = 65536.
+# Not yet run on a GPU (2026-12-02): the dK/dV candidate with every tile checked
+# (autotune.Config.fast_path=False): check first, then bench.
 set -u
 phase=$1 out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -15,6 +19,9 @@ if [ "$phase" = check ]; then
     --durations=15 > "$out/gpu_tests_attention.log" 2>&1; tail -n 25 "$out/gpu_tests_attention.log"
   timeout 120 python results/kernel_resources.py "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
+elif [ "$phase" = mqar ]; then
+  timeout 570 python results/long_context_mqar.py "$out" 4 4 > "$out/mqar.log" 2>&1; tail -n 4 "$out/mqar.log"
+  rm -f "$out"/short/*.pt "$out"/long/*.pt
 else
   shift 2
   timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \
