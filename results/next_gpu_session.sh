@@ -20,7 +20,7 @@ if [ "$phase" = check ]; then
   timeout 120 python results/kernel_resources.py "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
 elif [ "$phase" = mqar ]; then
-  timeout 570 python results/long_context_mqar.py "$out" 4 4 > "$out/mqar.log" 2>&1; tail -n 4 "$out/mqar.log"
+  timeout 570 python results/long_context_mqar.py "$out" 3.5 4 > "$out/mqar.log" 2>&1; tail -n 4 "$out/mqar.log"
   rm -f "$out"/short/*.pt "$out"/long/*.pt
 else
   shift 2
