@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from torch import nn
 
 from . import autotune, runtime
@@ -26,8 +25,15 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
+def _cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉. Plain Python: triton.cdiv goes through Triton's JIT call machinery (about 7 µs
+    a call on this course's CPU), and small attention calls are launch-bound."""
+    return -(-a // b)
+
+
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))  # tl.dot needs ≥ 16; the mask hides the padding
+    """Head dimension padded to a power of two ≥ 16 (tl.dot needs ≥ 16; the mask hides the padding)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
 
 
 @functools.cache
@@ -63,7 +69,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     (and the notebook) can check dropout exactly: O = (P ∘ Z / (1 − p)) V."""
     keep = torch.empty(batch, heads, n_q, n_k, dtype=torch.uint8, device=device)
     block = 64 if torch.device(device).type == "cuda" else 32   # small grids for the interpreter
-    grid = (triton.cdiv(n_q, block), triton.cdiv(n_k, block), batch * heads)
+    grid = (_cdiv(n_q, block), _cdiv(n_k, block), batch * heads)
     dropout_mask_kernel[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
     return keep.bool()
 
@@ -76,31 +82,41 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
     launch(autotune.tuner.choose(key, configs, launch))
 
 
+def _precision(q, exact_fp32: bool) -> str:
+    return "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
+
+
+def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision):
+    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs)."""
+    B, H, n_q, head_dim = q.shape
+    n_k, group = k.shape[2], H // k.shape[1]
+    out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+
+    def launch(config):
+        grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
+        flash_forward_kernel[grid](
+            q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
+            *out.stride(), lse.stride(0), lse.stride(1),
+            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
+            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
+            EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
+            **config.kwargs())
+        return out, lse
+
+    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
+    return out, lse
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward
     (with dropout also the seed: the mask is regenerated, never stored)."""
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32):
-        B, H, n_q, head_dim = q.shape
-        n_k, group = k.shape[2], H // k.shape[1]
-        out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-        mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
-        precision = "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
-
-        def launch(config):
-            grid = (triton.cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
-            flash_forward_kernel[grid](
-                q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
-                *out.stride(), lse.stride(0), lse.stride(1),
-                H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
-                IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-                EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
-                **config.kwargs())
-            return out, lse
-
-        _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
+        precision = _precision(q, exact_fp32)
+        out, lse = flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
         ctx.dropout_p, ctx.seed = dropout_p, seed
@@ -115,7 +131,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         block_d = _block_d(head_dim)
         delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
         rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
-        flash_backward_preprocess_kernel[(triton.cdiv(n_q, rows) * B * H,)](
+        flash_backward_preprocess_kernel[(_cdiv(n_q, rows) * B * H,)](
             out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
             BLOCK_M=rows, BLOCK_D=block_d)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -127,14 +143,14 @@ class FlashAttentionFunction(torch.autograd.Function):
                    lse.stride(0), lse.stride(1))
 
         def launch_dkdv(config):
-            flash_backward_dkdv_kernel[(triton.cdiv(n_k, config.block_n) * B * H_kv,)](
+            flash_backward_dkdv_kernel[(_cdiv(n_k, config.block_n) * B * H_kv,)](
                 q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
                 H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
                 FAST_PATH=config.fast_path, **common, **config.kwargs())
             return dk, dv
 
         def launch_dq(config):
-            flash_backward_dq_kernel[(triton.cdiv(n_q, config.block_m) * B * H,)](
+            flash_backward_dq_kernel[(_cdiv(n_q, config.block_m) * B * H,)](
                 q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
                 H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
                 **common, **config.kwargs())
@@ -207,7 +223,11 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         if q.device.type not in ("cuda", "cpu"):
             raise ValueError(f"q: device {q.device} is not supported; use a CUDA or CPU tensor.")
         seed = draw_dropout_seed() if dropout_p > 0 else 0
-        return FlashAttentionFunction.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return FlashAttentionFunction.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32)
+        # no gradient wanted (inference, the TSP baseline's rollouts): skip autograd's bookkeeping,
+        # about a quarter of the Python time of a small call
+        return flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, _precision(q, exact_fp32))[0]
     group = q.shape[1] // k.shape[1]
     if attn_mask is None and group == 1 and dropout_p == 0:
         return tiled_attention(q, k, v, is_causal=is_causal, scale=scale)

@@ -330,3 +330,15 @@ def test_causal_tile_plan_skips_only_useless_tiles(n_q, n_k, block_m, block_n):
                 assert kind == SKIPPED, (bm, bn)
             if kind == FULL:
                 assert len(keys) == block_n and all(j <= i for i in queries for j in keys), (bm, bn)
+
+
+def test_no_grad_path_matches_the_autograd_path():
+    """Under no_grad (or with inputs that need no gradient) attention skips autograd's
+    Function: same output bit for bit, no graph."""
+    q, k, v = (torch.randn(2, 4, 40, 32, device=DEVICE) for _ in range(3))
+    with_graph = attention(*(t.clone().requires_grad_() for t in (q, k, v)), is_causal=True)
+    with torch.no_grad():
+        without = attention(q, k, v, is_causal=True)
+    plain = attention(q, k, v, is_causal=True)
+    assert with_graph.grad_fn is not None and without.grad_fn is None and plain.grad_fn is None
+    assert torch.equal(with_graph.detach(), without) and torch.equal(without, plain)
