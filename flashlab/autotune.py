@@ -83,7 +83,9 @@ _AMPERE = {
 
 
 def generation(capability: tuple[int, int] | None) -> str:
-    """'interpreter' (no GPU), 'hopper' (sm_90 and newer data-centre parts) or 'ampere' (the rest)."""
+    """'interpreter' (no GPU), 'hopper' or 'ampere' (the rest: Ampere, Ada, consumer Blackwell).
+    Data-centre Blackwell (sm_100) gets the Hopper list: the same 228 KB of shared memory per SM
+    (unmeasured: the course's GPU is an H200)."""
     if capability is None:
         return "interpreter"
     return "hopper" if capability[0] in (9, 10) else "ampere"
