@@ -17,12 +17,17 @@ is measured, not guessed. What the tuner picks for which shapes on an H200 is re
 
 Under Triton's interpreter (CPU) there is one small configuration and no tuning: timing
 the interpreter says nothing about a GPU. Set FLASHLAB_AUTOTUNE=0 to use each list's first
-(default) configuration on a GPU too.
+(default) configuration on a GPU too. Decisions are kept in ~/.cache/flashlab/autotune.json
+(FLASHLAB_AUTOTUNE_CACHE sets another file, "" none), per GPU model, Triton version and
+kernel source, so only the first process on a machine pays for tuning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -158,10 +163,18 @@ class Autotuner:
     # choice made on a 1% lead was 12% slower than the default in the benchmark that followed).
     MARGIN = 0.97
 
-    def __init__(self, bench=None):
+    def __init__(self, bench=None, cache_path: str | None = None):
+        """``cache_path``: a JSON file that keeps decisions across processes (a new process
+        would otherwise re-time every shape on first use). None: FLASHLAB_AUTOTUNE_CACHE, else
+        ~/.cache/flashlab/autotune.json; "" keeps decisions in memory only."""
         self.bench = bench or _do_bench
         self.best: dict[tuple, Config] = {}
         self.log: list[dict] = []
+        if cache_path is None:
+            cache_path = os.environ.get("FLASHLAB_AUTOTUNE_CACHE",
+                                        os.path.join(os.path.expanduser("~"), ".cache", "flashlab", "autotune.json"))
+        self.cache_path = cache_path
+        self._disk: dict[str, str] | None = None      # read on first need
 
     def choose(self, key: tuple, configs: list[Config], launch) -> Config:
         kernel = key[0]
@@ -171,6 +184,11 @@ class Autotuner:
             return configs[0]
         if key in self.best:
             return self.best[key]
+        stored = self._stored(key, configs)
+        if stored is not None:
+            self.best[key] = stored
+            self.log.append({"key": _printable(key), "chosen": str(stored), "from_cache": self.cache_path})
+            return stored
         reference, times, rejected = None, {}, {}
         for config in configs:
             try:
@@ -192,13 +210,75 @@ class Autotuner:
         if configs[0] in times and times[best] > self.MARGIN * times[configs[0]]:
             best = configs[0]
         self.best[key] = best
-        self.log.append({"key": [str(part) if not isinstance(part, (int, bool)) else part for part in key],
-                         "chosen": str(best), "ms": {str(c): t for c, t in times.items()}, "rejected": rejected})
+        self.log.append({"key": _printable(key), "chosen": str(best), "ms": {str(c): t for c, t in times.items()},
+                         "rejected": rejected})
+        self._store(key, best)
         return best
 
+    # -- decisions kept on disk ----------------------------------------------------------------
+    # An entry is valid only for the same GPU model, Triton version and kernel source: any of
+    # them changes what is fast, and a kernel edit could make a stored choice wrong.
+
+    def _disk_key(self, key: tuple) -> str:
+        device = key[1]
+        gpu = _gpu_name(device) if getattr(device, "type", "cpu") == "cuda" else str(device)
+        parts = [gpu, f"triton {_triton_version()}", f"kernels {_kernel_source_hash()}", *map(str, key[:1]),
+                 *map(str, key[2:])]
+        return " | ".join(parts)
+
+    def _stored(self, key: tuple, configs: list[Config]) -> Config | None:
+        if not self.cache_path:
+            return None
+        if self._disk is None:
+            try:
+                with open(self.cache_path) as f:
+                    self._disk = json.load(f)
+            except (OSError, ValueError):             # no file yet, or unreadable: start afresh
+                self._disk = {}
+        name = self._disk.get(self._disk_key(key))
+        return next((c for c in configs if str(c) == name), None)   # a dropped candidate is re-tuned
+
+    def _store(self, key: tuple, config: Config) -> None:
+        if not self.cache_path:
+            return
+        self._disk = self._disk or {}
+        self._disk[self._disk_key(key)] = str(config)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
+            partial = f"{self.cache_path}.{os.getpid()}.tmp"
+            with open(partial, "w") as f:
+                json.dump(self._disk, f, indent=0, sort_keys=True)
+            os.replace(partial, self.cache_path)      # atomic: concurrent processes never see half a file
+        except OSError:
+            pass                                      # a read-only home: keep the decision in memory
+
     def report(self) -> list[dict]:
-        """Every tuning decision so far: the key, the chosen config, each candidate's time."""
+        """Every tuning decision so far: the key, the chosen config, and each candidate's time
+        (or, for a decision read from the cache file, that file)."""
         return list(self.log)
+
+
+def _printable(key: tuple) -> list:
+    return [part if isinstance(part, (int, bool)) else str(part) for part in key]
+
+
+@functools.cache
+def _gpu_name(device) -> str:
+    import torch
+    return torch.cuda.get_device_name(device)
+
+
+@functools.cache
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
+@functools.cache
+def _kernel_source_hash() -> str:
+    path = os.path.join(os.path.dirname(__file__), "flash_triton.py")
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
 
 
 def _rel_error(a, b) -> float:

@@ -37,6 +37,7 @@ def capture():
 
 
 def main(path):
+    autotune.tuner.cache_path = ""     # tune (compile every candidate) even where choices were stored
     seen = capture()
     rows = []
     for d in (64, 128):

@@ -245,13 +245,14 @@ def test_autotuned_attention_on_gpu(monkeypatch):
     """End to end with tuning on: the first call times the candidates and records its choice;
     the result is right either way."""
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune.tuner, "cache_path", "")   # tune now, even if an earlier run stored choices
     before = len(autotune.tuner.report())
     _check(2, 4, 4, 1000, 1000, 64, True, torch.bfloat16)
     chosen = {entry["key"][0] for entry in autotune.tuner.report()[before:]}
     assert chosen == {"forward", "dkdv", "dq"}
 
 
-def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch):
+def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch, tmp_path):
     """On fake timings: the fastest agreeing config wins and is remembered per key; a config
     whose outputs disagree with the default's, or that fails to compile, is never chosen."""
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
@@ -266,13 +267,21 @@ def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch):
             raise RuntimeError("out of resources: shared memory")
         return (result * (1.5 if config == c else 1.0),)   # c is fast but wrong
 
-    tuner = autotune.Autotuner(bench=lambda fn: (fn(), fake_ms[calls[-1]])[1])
+    tuner = autotune.Autotuner(bench=lambda fn: (fn(), fake_ms[calls[-1]])[1], cache_path=str(tmp_path / "tune.json"))
     key = ("forward", "cuda:0", "torch.bfloat16", 64, True, False, False, 1, 1024, 1024, 64)
     assert tuner.choose(key, [a, b, c, d], launch) == b
     assert set(tuner.report()[0]["rejected"]) == {str(c), str(d)}
     calls.clear()
     assert tuner.choose(key, [a, b, c, d], launch) == b and calls == []     # remembered, not re-timed
     assert tuner.choose(key[:-1] + (128,), [a, e], launch) == a     # 1.7% faster is noise: keep the default
+    # a new process (a new tuner on the same file) reuses the decisions without running anything
+    calls.clear()
+    again = autotune.Autotuner(bench=lambda fn: 1 / 0, cache_path=str(tmp_path / "tune.json"))
+    assert again.choose(key, [a, b, c, d], launch) == b and calls == []
+    assert again.report()[0]["from_cache"] == str(tmp_path / "tune.json")
+    third = autotune.Autotuner(bench=lambda fn: (fn(), fake_ms[calls[-1]])[1], cache_path=str(tmp_path / "tune.json"))
+    assert third.choose(key, [a, c, d], launch) == a and calls        # b no longer a candidate: re-tuned
+    assert autotune.Autotuner(cache_path="")._stored(key, [a, b]) is None  # "" keeps nothing on disk
     assert autotune.shape_key("dq", torch.empty(2, 8, 1000, 64), torch.empty(2, 2, 1000, 64), True, False, False) \
         == ("dq", torch.device("cpu"), torch.float32, 64, True, False, False, 4, 1024, 1024, 16)
 
