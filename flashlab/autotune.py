@@ -58,7 +58,7 @@ INTERPRETER = Config(32, 32, 4, 1)   # the interpreter's cost grows with program
 
 # Hopper (H100/H200, sm_90): 228 KB shared memory per SM, so 3-4 pipeline stages of
 # 128-wide tiles fit. Each list starts with the configuration measured best on an H200 before
-# autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M = BLOCK_N when
+# autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when
 # pipelined: BLOCK_M < BLOCK_N with 2 stages gave dK errors of 1-9% on an H200 with Triton
 # 3.6 (results/probe_dk.py). tests/test_attention.py checks every candidate on a GPU.
 _HOPPER = {
@@ -68,7 +68,10 @@ _HOPPER = {
                       Config(64, 64, 4, 3)],
                 256: [Config(64, 32, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 8, 2), Config(64, 64, 8, 2)]},
     "dkdv": {128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
-                   Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1)],
+                   Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1),
+                   # no register spills at D = 128 when compiled for sm_90 (results/kernel_resources_aot.py;
+                   # 64x64 w4 spills 376-648 bytes a thread); not yet timed on a GPU
+                   Config(32, 32, 4, 2), Config(128, 32, 8, 2), Config(64, 32, 4, 3, fast_path=False)],
              256: [Config(32, 32, 4, 1), Config(64, 64, 4, 1), Config(32, 32, 4, 2)]},
     "dq": {128: [Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 64, 4, 3), Config(128, 128, 8, 2)],
            256: [Config(32, 32, 4, 1), Config(64, 32, 4, 1), Config(64, 64, 4, 1)]},
