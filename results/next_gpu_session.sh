@@ -5,7 +5,8 @@
 #       1-D grid, the backward's unmasked fast path), then compiled-kernel resources
 #       (registers, spills, shared memory) of every candidate, for issue 5's analysis;
 #   bash results/next_gpu_session.sh bench OUT DTYPE...
-#       the benchmark sweep (N = 512 … 16384) with autotuning (about 7.5 minutes for both dtypes);
+#       the benchmark sweep (N = 512 … 16384) with autotuning: 7.5 minutes for both dtypes before
+#       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
 #   bash results/next_gpu_session.sh mqar OUT
 #       issue 7's long-context run: MQAR at N = 256 (large batches) then at N = 65536.
 # Not yet run on a GPU (2026-12-02): the dK/dV candidate with every tile checked
