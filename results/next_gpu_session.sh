@@ -9,8 +9,9 @@
 #       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
 #   bash results/next_gpu_session.sh mqar OUT
 #       issue 7's long-context run: MQAR at N = 256 (large batches) then at N = 65536.
-# Not yet run on a GPU (2026-12-02): the dK/dV candidate with every tile checked
-# (autotune.Config.fast_path=False): check first, then bench.
+# Not yet run on a GPU (2026-12-02): the dK/dV candidates added after the last sweep (every
+# tile checked; 32x32, 128x32, 64x32 without spills at D = 128), the launch path without
+# autograd under no_grad, the tuner's decision file: check first, then bench.
 set -u
 phase=$1 out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1
