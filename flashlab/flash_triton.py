@@ -107,6 +107,15 @@ def dropout_mask_kernel(KEEP, seed, n_q, n_k, dropout_p, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
+def _load_whole_rows(ptrs, d_ok, EVEN_D: tl.constexpr):
+    """A tile whose rows are all in bounds (the fast path): no mask at all when D is a power of
+    two, else only the padded head dimensions masked."""
+    if EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+
+
+@triton.jit
 def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale, skn, svn, smn,
                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
                EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
@@ -121,12 +130,8 @@ def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q,
                          IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
         v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
     else:
-        if EVEN_D:
-            k = tl.load(k_ptrs + start_n * skn)
-            v = tl.load(v_ptrs + start_n * svn)
-        else:
-            k = tl.load(k_ptrs + start_n * skn, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * svn, mask=d_ok[None, :], other=0.0)
+        k = _load_whole_rows(k_ptrs + start_n * skn, d_ok, EVEN_D)
+        v = _load_whole_rows(v_ptrs + start_n * svn, d_ok, EVEN_D)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
     return k, v, s
 
@@ -260,12 +265,8 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, of
             do = tl.load(do_ptrs + start_m * sdm, mask=q_ok, other=0.0)
             delta = tl.load(delta_ptrs + offs_m, mask=offs_m < n_q, other=0.0)
         else:
-            if EVEN_D:
-                q = tl.load(q_ptrs + start_m * sqm)
-                do = tl.load(do_ptrs + start_m * sdm)
-            else:
-                q = tl.load(q_ptrs + start_m * sqm, mask=d_ok[None, :], other=0.0)
-                do = tl.load(do_ptrs + start_m * sdm, mask=d_ok[None, :], other=0.0)
+            q = _load_whole_rows(q_ptrs + start_m * sqm, d_ok, EVEN_D)
+            do = _load_whole_rows(do_ptrs + start_m * sdm, d_ok, EVEN_D)
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
             lse = tl.load(l_ptrs + offs_m)
             delta = tl.load(delta_ptrs + offs_m)
