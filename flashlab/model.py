@@ -21,23 +21,45 @@ def _naive(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
 ATTENTION = {"naive": _naive, "sdpa": F.scaled_dot_product_attention, "flashlab": attention}
 
 
-def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+def rotary(x: torch.Tensor, base: float = 10000.0, dims: int | None = None) -> torch.Tensor:
     """Rotary position embedding (Su et al., "RoFormer", 2021) of ``x (…, N, D)``: the pair
-    (x_i, x_{i+D/2}) at position n is rotated by the angle n·θ_i, θ_i = base^(−2i/D). A
-    rotated query and key have a dot product that depends on their positions only through
-    n_q − n_k, so the model sees relative positions at any length it is run at."""
-    n, half = x.shape[-2], x.shape[-1] // 2
+    (x_i, x_{i+R/2}) at position n is rotated by the angle n·θ_i, θ_i = base^(−2i/R), for the
+    first R = ``dims`` (even; default all D) dimensions. A rotated query and key have a dot
+    product that depends on their positions only through n_q − n_k, so the model sees
+    relative positions at any length it is run at.
+
+    The dimensions past R are left alone (GPT-NeoX's partial rotary). Why keep some: the
+    slowest pair turns by Δ·base^(−(R−2)/R) radians over a distance Δ, 8.7 rad at Δ = 65536
+    with R = 64. Over such distances every rotated pair swings through whole turns, so no
+    rotated dimension can say "same token" the same way near and far; an unrotated one can."""
+    d = x.shape[-1]
+    dims = d if dims is None else dims
+    if dims % 2 or not 0 < dims <= d:
+        raise ValueError(f"dims: {dims} must be even and in (0, {d}] (the head dimension).")
+    n, half = x.shape[-2], dims // 2
     theta = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angle = torch.arange(n, device=x.device, dtype=torch.float32)[:, None] * theta        # (N, D/2), fp32
+    angle = torch.arange(n, device=x.device, dtype=torch.float32)[:, None] * theta        # (N, R/2), fp32
     cos, sin = angle.cos(), angle.sin()
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    x1, x2 = x[..., :half].float(), x[..., half:dims].float()
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    return rotated if dims == d else torch.cat([rotated, x[..., dims:]], dim=-1)
 
 
-def with_rotary(attention_fn):
-    """``attention_fn`` with rotary position embeddings applied to its queries and keys."""
+def rotary_dims(head_dim: int, fraction: float) -> int:
+    """How many of ``head_dim`` dimensions a rotary ``fraction`` rotates: the nearest even
+    count, at least 2."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"rotary_fraction: {fraction} is the share of each head's dimensions to rotate; "
+                         f"give a value in (0, 1].")
+    return max(2, 2 * round(fraction * head_dim / 2))
+
+
+def with_rotary(attention_fn, fraction: float = 1.0):
+    """``attention_fn`` with rotary position embeddings applied to its queries and keys
+    (to the first ``fraction`` of each head's dimensions)."""
     def rotary_attention(q, k, v, **kwargs):
-        return attention_fn(rotary(q), rotary(k), v, **kwargs)
+        dims = rotary_dims(q.shape[-1], fraction)
+        return attention_fn(rotary(q, dims=dims), rotary(k, dims=dims), v, **kwargs)
     return rotary_attention
 
 
@@ -60,21 +82,25 @@ class CausalTransformer(nn.Module):
     """Token embeddings, ``n_layers`` blocks, a final norm and a tied output projection.
     ``positions``: "learned" (an embedding per position, added to the tokens) or "rotary"
     (queries and keys rotated by position inside every attention: no position parameters,
-    and relative offsets look the same at every length). ``checkpoint_blocks`` recomputes
+    and relative offsets look the same at every length; ``rotary_fraction`` of each head's
+    dimensions rotate, the rest carry content only). ``checkpoint_blocks`` recomputes
     each block's activations in the backward instead of storing them (per block)."""
 
     def __init__(self, vocab_size: int, max_len: int, d_model: int = 128, n_layers: int = 2, n_heads: int = 4,
                  attention: str = "flashlab", dropout: float = 0.0, checkpoint_blocks: bool = False,
-                 positions: str = "learned"):
+                 positions: str = "learned", rotary_fraction: float = 1.0):
         super().__init__()
         if attention not in ATTENTION:
             raise ValueError(f"attention: {attention!r} is not one of {sorted(ATTENTION)}.")
         if positions not in ("learned", "rotary"):
             raise ValueError(f"positions: {positions!r} is not 'learned' or 'rotary'.")
+        rotary_dims(d_model // n_heads, rotary_fraction)                    # a bad fraction fails here, not later
         self.max_len, self.checkpoint_blocks = max_len, checkpoint_blocks
         self.tokens = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_len, d_model) if positions == "learned" else None
-        attention_fn = ATTENTION[attention] if positions == "learned" else with_rotary(ATTENTION[attention])
+        attention_fn = ATTENTION[attention]
+        if positions == "rotary":
+            attention_fn = with_rotary(attention_fn, rotary_fraction)
         self.blocks = nn.ModuleList(Block(d_model, n_heads, attention_fn, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.apply(self._init)

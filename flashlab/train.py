@@ -36,7 +36,7 @@ from . import runtime
 from .bench import attention_flops
 from .model import CausalTransformer
 from .precision import get_precision, peak_flops
-from .tasks import IGNORE_INDEX, AssociativeRecall
+from .tasks import IGNORE_INDEX, AssociativeRecall, lookback
 
 
 @dataclass
@@ -47,6 +47,7 @@ class TrainConfig:
     seq_len: int = 64
     num_pairs: int = 8
     vocab_size: int = 64
+    query_rate: float = 1.0                # < 1: sparse queries between filler, so recall reaches far back
     # model
     d_model: int = 64
     n_layers: int = 2
@@ -54,6 +55,7 @@ class TrainConfig:
     dropout: float = 0.0
     attention: str = "sdpa"                # naive | sdpa | flashlab
     positions: str = "learned"             # learned | rotary (flashlab.model)
+    rotary_fraction: float = 1.0           # share of each head's dimensions that rotary rotates
     checkpoint_blocks: bool = False        # activation checkpointing, per block
     # optimisation
     steps: int = 100
@@ -157,16 +159,12 @@ class Trainer:
 
     def build_task(self):
         c = self.config
-        return AssociativeRecall(c.seq_len, c.num_pairs, c.vocab_size)
+        return AssociativeRecall(c.seq_len, c.num_pairs, c.vocab_size, c.query_rate)
 
     def build_model(self) -> torch.nn.Module:
         c = self.config
         return CausalTransformer(c.vocab_size, c.seq_len, c.d_model, c.n_layers, c.n_heads, c.attention, c.dropout,
-                                 c.checkpoint_blocks, c.positions)
-
-    def metric_denominator(self) -> int:
-        """What the summed metric of one step is divided by (here: answers in the batch)."""
-        return self.config.batch_size * self.task.targets_per_example
+                                 c.checkpoint_blocks, c.positions, c.rotary_fraction)
 
     def on_step_end(self, metrics: dict) -> None:
         """Called by `fit` after every step (a subclass may evaluate, update a baseline …)."""
@@ -191,13 +189,14 @@ class Trainer:
         return tuple(None if t is None else t[first:first + self.micro_batch].to(self.device)
                      for t in self.global_batch(step))
 
-    def compute_loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean cross-entropy over answer positions, number of correct answers)."""
+    def compute_loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean cross-entropy over answer positions, number of correct answers, number of
+        answers): the step's metric is the sum of the second over the sum of the third."""
         logits = (self.ddp or self.model)(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         answered = targets != IGNORE_INDEX
         correct = (logits.argmax(-1) == targets)[answered].sum()
-        return loss, correct
+        return loss, correct, answered.sum()
 
     def _flops_per_step(self) -> float:
         """Model FLOPs of one optimizer step: 6 per parameter per token (forward 2, backward
@@ -215,24 +214,26 @@ class Trainer:
         model.train()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device)
+        metric_sum = torch.zeros((), device=self.device)
+        metric_count = torch.zeros((), device=self.device)
         for micro in range(c.grad_accum):
             inputs, targets = self.batch(self.step, micro)
             last = micro == c.grad_accum - 1
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.precision.autocast(self.device.type):
-                    loss, right = self.compute_loss(inputs, targets)
+                    loss, total, count = self.compute_loss(inputs, targets)
                 self.scaler.scale(loss / c.grad_accum).backward()   # each micro-batch: 1/accum of the mean
             loss_sum += loss.detach().float()
-            correct += right
+            metric_sum += total
+            metric_count += count
         self.scaler.unscale_(self.optimizer)                        # true gradients before clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip if c.grad_clip > 0 else math.inf)
-        stats = torch.stack([loss_sum / c.grad_accum, correct.float()])
+        stats = torch.stack([loss_sum / c.grad_accum, metric_sum.float(), metric_count.float()])
         if self.world > 1:
             dist.all_reduce(stats)
             stats[0] /= self.world
-        loss_value, n_correct = stats.tolist()
+        loss_value, metric_total, metric_n = stats.tolist()
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm.item())
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         if finite:
@@ -249,7 +250,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         metrics = {"step": self.step, "loss": loss_value,
-                   self.metric_name: n_correct / self.metric_denominator(),
+                   self.metric_name: metric_total / max(metric_n, 1),
                    "grad_norm": grad_norm.item(), "lr": lr, "loss_scale": scale, "skipped": int(not finite),
                    "step_ms": seconds * 1e3, "tokens_per_s": c.batch_size * c.seq_len / seconds,
                    "mfu": self.flops_per_step / seconds / self.peak if (self.peak and finite and self.flops_per_step)
@@ -353,6 +354,32 @@ class Trainer:
             right += (logits.argmax(-1) == targets)[answered].sum().item()
             total += answered.sum().item()
         return right / total
+
+    @torch.no_grad()
+    def evaluate_by_lookback(self, edges=(0, 64, 512, 4096, 32768, 2**31), batches: int = 4,
+                             seed: int = 10**9, task: AssociativeRecall | None = None,
+                             rows: int | None = None) -> list[dict]:
+        """Recall accuracy on fresh batches, split by how far back the queried key was last
+        mentioned (`flashlab.tasks.lookback`): one row per bucket [lo, hi) of ``edges`` with
+        ``answers`` and ``accuracy`` (NaN where a bucket got no answers). ``task`` and
+        ``rows`` (sequences per batch) default to the training ones; give others to test the
+        model at another length or query rate."""
+        self.model.eval()
+        task, rows = task or self.task, rows or self.micro_batch
+        edges = torch.tensor(edges)
+        right = torch.zeros(len(edges) - 1)
+        total = torch.zeros(len(edges) - 1)
+        for i in range(batches):
+            inputs, targets = task.batch(rows, seed + i)
+            with self.precision.autocast(self.device.type):
+                predicted = self.model(inputs.to(self.device)).argmax(-1).cpu()
+            answered = targets != IGNORE_INDEX
+            bucket = torch.bucketize(lookback(inputs)[answered], edges, right=True) - 1
+            right += torch.bincount(bucket, (predicted == targets)[answered].float(), len(edges) - 1)
+            total += torch.bincount(bucket, minlength=len(edges) - 1).float()
+        return [{"lookback_from": int(lo), "lookback_to": int(hi), "answers": int(n),
+                 "accuracy": (r / n).item() if n else math.nan}
+                for lo, hi, r, n in zip(edges[:-1], edges[1:], right, total)]
 
 
 def train(config: TrainConfig | None = None, **overrides) -> Trainer:

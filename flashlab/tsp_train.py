@@ -117,9 +117,6 @@ class TSPTrainer(Trainer):
     def _flops_per_step(self) -> float:
         return 0.0                                # decoding is sequential: MFU is not meaningful here
 
-    def metric_denominator(self) -> int:
-        return self.config.batch_size
-
     def global_batch(self, step):
         """Step ``step``'s instances (a function of seed and step) and the baseline's greedy tour
         lengths on them, which stand where a language model's targets would."""
@@ -137,7 +134,7 @@ class TSPTrainer(Trainer):
         tours, log_p = (self.ddp or self.model)(coords, "sample")
         lengths = tour_length(coords, tours)
         loss = ((lengths - baseline_lengths) * log_p).mean()           # REINFORCE with a baseline
-        return loss, lengths.sum()
+        return loss, lengths.sum(), torch.tensor(len(lengths), device=lengths.device)
 
     def _greedy_lengths(self, model, coords, batch_size) -> torch.Tensor:
         coords = coords.to(self.device)

@@ -8,7 +8,7 @@
 #       the benchmark sweep (N = 512 … 16384) with autotuning: 7.5 minutes for both dtypes before
 #       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
 #   bash results/next_gpu_session.sh mqar OUT
-#       issue 7's long-context run: MQAR at N = 256 (large batches) then at N = 65536.
+#       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries).
 # Not yet run on a GPU (2026-12-02): the dK/dV candidates added after the last sweep (every
 # tile checked; 32x32, 128x32, 64x32 without spills at D = 128), the launch path without
 # autograd under no_grad, the tuner's decision file: check first, then bench.
@@ -22,8 +22,8 @@ if [ "$phase" = check ]; then
   timeout 120 python results/kernel_resources.py "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
 elif [ "$phase" = mqar ]; then
-  timeout 570 python results/long_context_mqar.py "$out" 3.5 4 > "$out/mqar.log" 2>&1; tail -n 4 "$out/mqar.log"
-  rm -f "$out"/short/*.pt "$out"/long/*.pt
+  timeout 570 python results/long_context_mqar.py "$out" 1.5 1 2.5 > "$out/mqar.log" 2>&1; tail -n 6 "$out/mqar.log"
+  rm -f "$out"/*/checkpoint_*.pt
 else
   shift 2
   timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \

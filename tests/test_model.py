@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashlab.model import CausalTransformer, rotary
+from flashlab.model import CausalTransformer, rotary, rotary_dims
 
 
 def test_rotary_scores_depend_only_on_relative_position():
@@ -34,3 +34,19 @@ def test_rotary_model_has_no_position_parameters_and_runs_longer_than_trained():
         learned(torch.randint(0, 32, (1, 40)))
     with pytest.raises(ValueError, match="positions"):
         CausalTransformer(32, 16, positions="alibi")
+
+
+def test_partial_rotary_leaves_the_other_dimensions_alone():
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 50, 64)
+    partial = rotary(x, dims=16)
+    assert torch.equal(partial[..., 16:], x[..., 16:])                  # content only: same at every position
+    torch.testing.assert_close(partial[..., :16], rotary(x[..., :16]))  # the rest is ordinary rotary
+    far_q, near_k = rotary(x[..., :1, :].expand(1, 1, 5000, 64), dims=16), partial
+    assert torch.equal(far_q[0, 0, 4999, 16:], near_k[0, 0, 0, 16:])
+    assert rotary_dims(64, 0.25) == 16 and rotary_dims(64, 1.0) == 64 and rotary_dims(8, 0.01) == 2
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="rotary_fraction"):
+            CausalTransformer(32, 16, d_model=32, n_heads=2, positions="rotary", rotary_fraction=bad)
+    with pytest.raises(ValueError, match="dims"):
+        rotary(x, dims=15)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from flashlab.tasks import IGNORE_INDEX, AssociativeRecall
+from flashlab.tasks import IGNORE_INDEX, AssociativeRecall, lookback
 from flashlab.train import TrainConfig, Trainer, TrainingDiverged, lr_factor, train
 
 TINY = TrainConfig(seq_len=32, num_pairs=4, vocab_size=32, d_model=32, n_layers=2, n_heads=2, batch_size=8,
@@ -33,6 +33,48 @@ def test_task_is_a_function_of_the_seed_and_answers_are_values():
         pairs = dict(zip(x[row, 0:12:2].tolist(), x[row, 1:12:2].tolist()))
         for t in answered[row].nonzero().flatten().tolist():
             assert pairs[x[row, t].item()] == y[row, t].item()
+
+
+def test_sparse_queries_ask_at_the_rate_and_fill_the_rest():
+    dense = AssociativeRecall(seq_len=4000, num_pairs=8, vocab_size=32)
+    sparse = AssociativeRecall(seq_len=4000, num_pairs=8, vocab_size=32, query_rate=0.1)
+    x, y = sparse.batch(4, seed=3)
+    answered = y != IGNORE_INDEX
+    rate = answered.sum().item() / (4 * dense.targets_per_example)
+    assert 0.08 < rate < 0.12, rate                                   # about 10% of the slots ask
+    for row in range(4):
+        pairs = dict(zip(x[row, 0:16:2].tolist(), x[row, 1:16:2].tolist()))
+        for t in answered[row].nonzero().flatten().tolist():          # every answer is the key's value
+            assert pairs[x[row, t].item()] == y[row, t].item()
+        silent = ~answered[row, 16::2]
+        assert (x[row, 16::2][silent] >= 16).all(), "a slot that does not ask holds filler, never a key"
+    lookbacks = lookback(x)[answered].float()
+    dense_lookbacks = lookback(dense.batch(4, seed=3)[0])[dense.batch(4, seed=3)[1] != IGNORE_INDEX].float()
+    assert lookbacks.mean() > 5 * dense_lookbacks.mean()              # ~2P/rate = 160 tokens vs ~16
+    with pytest.raises(ValueError, match="query_rate"):
+        AssociativeRecall(query_rate=0.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 1000])
+def test_lookback_is_the_distance_to_the_previous_occurrence(n):
+    tokens = torch.randint(0, 7, (3, n))
+    expected = torch.zeros_like(tokens)
+    for row in range(3):
+        last = {}
+        for t, token in enumerate(tokens[row].tolist()):
+            expected[row, t] = t - last[token] if token in last else 0
+            last[token] = t
+    assert torch.equal(lookback(tokens), expected)
+
+
+def test_accuracy_by_lookback_adds_up_to_the_accuracy():
+    trainer = train(dataclasses.replace(TINY, steps=20, query_rate=0.5))
+    rows = trainer.evaluate_by_lookback(edges=(0, 1, 8, 10**6), batches=2, seed=5)
+    assert [r["lookback_from"] for r in rows] == [0, 1, 8]
+    assert rows[1]["answers"] > 0 and rows[2]["answers"] > 0
+    assert rows[0]["answers"] == 0 and math.isnan(rows[0]["accuracy"])   # 0 = never seen: every key is in the context
+    correct = sum(r["accuracy"] * r["answers"] for r in rows if r["answers"])
+    assert correct / sum(r["answers"] for r in rows) == pytest.approx(trainer.evaluate(batches=2, seed=5))
 
 
 def test_learning_rate_warms_up_then_decays_by_cosine():
@@ -131,10 +173,10 @@ class _NaNAt(Trainer):
     always_from = 10**9
 
     def compute_loss(self, inputs, targets):
-        loss, correct = super().compute_loss(inputs, targets)
+        loss, correct, answers = super().compute_loss(inputs, targets)
         if self.step in self.bad_steps or self.step >= self.always_from:
             loss = loss * float("nan")
-        return loss, correct
+        return loss, correct, answers
 
 
 def test_nan_guard_skips_and_counts_bad_steps():
