@@ -390,6 +390,22 @@ def train(config: TrainConfig | None = None, **overrides) -> Trainer:
     return trainer
 
 
+def train_in_phases(config: TrainConfig, phases, out_dir):
+    """A curriculum: for each ``(name, changes, minutes)`` of ``phases``, train ``config``
+    updated by ``changes`` (sequence length, batch, query rate …) for ``minutes`` more,
+    resuming the previous phase's checkpoint (weights, optimizer, step count, clock).
+    Yields ``(name, trainer)`` after each phase, to evaluate before the next; metrics and
+    checkpoints go to ``out_dir/name``."""
+    minutes_so_far, previous = 0.0, None
+    for name, changes, minutes in phases:
+        minutes_so_far += minutes
+        trainer = Trainer(dataclasses.replace(config, **changes, out_dir=f"{out_dir}/{name}",
+                                              time_limit_min=minutes_so_far, resume=previous))
+        trainer.fit()
+        previous = f"{out_dir}/{name}/checkpoint_last.pt"
+        yield name, trainer
+
+
 def measure_step(config: TrainConfig, steps: int = 5, warmup: int = 2) -> dict:
     """Median step time and peak memory of ``config`` (GPU: peak allocated bytes)."""
     trainer = Trainer(dataclasses.replace(config, progress=False, out_dir=None,

@@ -29,7 +29,7 @@ import torch
 
 from flashlab.results import environment
 from flashlab.tasks import AssociativeRecall
-from flashlab.train import TrainConfig, Trainer
+from flashlab.train import TrainConfig, train_in_phases
 from results.train_measurements import attempt
 
 # History: the first run (2026-12-02: N = 1024, 64 sequences per step, 4 layers of width 256)
@@ -82,19 +82,15 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
             break
     long_len = record["long_len"] = n
     record["phases"] = []
-    total, previous = 0.0, None
-    for name, changes, phase_minutes in (("short", {}, minutes[0]), ("medium", MEDIUM, minutes[1]),
-                                         ("long", dict(LONG, seq_len=long_len), minutes[2])):
-        total += phase_minutes
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        trainer = Trainer(dataclasses.replace(model, **changes, out_dir=f"{out}/{name}", time_limit_min=total,
-                                              resume=previous))
-        first_step = trainer.step
-        trainer.fit()
-        previous = f"{out}/{name}/checkpoint_last.pt"
+    phases = [("short", {}, minutes[0]), ("medium", MEDIUM, minutes[1]), ("long", dict(LONG, seq_len=long_len),
+                                                                         minutes[2])]
+    record["phase_plan"] = phases
+    steps_before = 0
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()          # from here on: training only
+    for name, trainer in train_in_phases(model, phases, out):
         phase = {"name": name, "seq_len": trainer.config.seq_len, "query_rate": trainer.config.query_rate,
-                 "batch_size": trainer.config.batch_size, "steps": trainer.step - first_step,
+                 "batch_size": trainer.config.batch_size, "steps": trainer.step - steps_before,
                  "train_minutes": trainer.train_seconds / 60,
                  "peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
                  "accuracy_as_trained": trainer.evaluate(batches=4),
@@ -105,6 +101,9 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
             torch.save({"model": trainer.model.state_dict(), "config": dataclasses.asdict(trainer.config)},
                        f"{out}/mqar_long_model.pt")
         record["phases"].append(phase)
+        steps_before = trainer.step
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         print(name, {k: v for k, v in phase.items() if k != "recall_at_long"},
               phase["recall_at_long"]["accuracy"], flush=True)
         record["wall_minutes"] = (time.time() - start) / 60

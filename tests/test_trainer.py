@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from flashlab.tasks import IGNORE_INDEX, AssociativeRecall, lookback
-from flashlab.train import TrainConfig, Trainer, TrainingDiverged, lr_factor, train
+from flashlab.train import TrainConfig, Trainer, TrainingDiverged, lr_factor, read_metrics, train, train_in_phases
 
 TINY = TrainConfig(seq_len=32, num_pairs=4, vocab_size=32, d_model=32, n_layers=2, n_heads=2, batch_size=8,
                    steps=4, warmup_steps=2, progress=False, device="cpu")
@@ -255,3 +255,14 @@ def test_read_metrics_gives_floats_and_nan_for_empty(tmp_path):
     path.write_text("step,loss,eval\n0,2.5,\n1,2.0,0.75\n")
     rows = read_metrics(path)
     assert rows[1] == {"step": 1.0, "loss": 2.0, "eval": 0.75} and math.isnan(rows[0]["eval"])
+
+
+def test_train_in_phases_resumes_each_phase_from_the_last(tmp_path):
+    config = dataclasses.replace(TINY, steps=10**6, positions="rotary")     # no position table to outgrow
+    phases = [("short", {"steps": 3}, 10.0), ("long", {"seq_len": 64, "query_rate": 0.5, "steps": 5}, 10.0)]
+    seen = [(name, trainer.step, trainer.config.seq_len, trainer.train_seconds)
+            for name, trainer in train_in_phases(config, phases, tmp_path)]
+    assert [s[:3] for s in seen] == [("short", 3, 32), ("long", 5, 64)]   # the step count runs on
+    assert seen[1][3] > seen[0][3] > 0                                     # so does the training clock
+    assert (tmp_path / "long" / "checkpoint_last.pt").exists()
+    assert len(read_metrics(tmp_path / "long" / "metrics.csv")) == 2          # the long phase took steps 3 and 4
