@@ -98,8 +98,8 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
                  "recall_at_long_every_slot_asking": recall(trainer, long_len, query_rate=1.0, sequences=2),
                  "recall_at_twice_long": recall(trainer, 2 * long_len, sequences=8)}
         if name == "long":
-            torch.save({"model": trainer.model.state_dict(), "config": dataclasses.asdict(trainer.config)},
-                       f"{out}/mqar_long_model.pt")
+            weights = {k: v.cpu() for k, v in trainer.model.state_dict().items()}
+            torch.save({"model": weights, "config": dataclasses.asdict(trainer.config)}, f"{out}/mqar_long_model.pt")
         record["phases"].append(phase)
         steps_before = trainer.step
         if torch.cuda.is_available():
