@@ -8,7 +8,9 @@
 #       the benchmark sweep (N = 512 … 16384) with autotuning: 7.5 minutes for both dtypes before
 #       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
 #   bash results/next_gpu_session.sh mqar OUT
-#       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries).
+#       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries);
+#   bash results/next_gpu_session.sh mqar-seed1-and-check OUT
+#       the same with seed 1 and shorter phases, then the GPU tests for what time is left.
 # Not yet run on a GPU (2026-12-02): the dK/dV candidates added after the last sweep (every
 # tile checked; 32x32, 128x32, 64x32 without spills at D = 128), the launch path without
 # autograd under no_grad, the tuner's decision file: check first, then bench.
@@ -24,6 +26,13 @@ if [ "$phase" = check ]; then
 elif [ "$phase" = mqar ]; then
   timeout 570 python results/long_context_mqar.py "$out" 1.5 1 2.5 > "$out/mqar.log" 2>&1; tail -n 6 "$out/mqar.log"
   rm -f "$out"/*/checkpoint_*.pt
+elif [ "$phase" = mqar-seed1-and-check ]; then
+  # a second seed of the long-context run (short phase cut to 0.5 min: the first run was at
+  # 100% after 5 s of it), then as much of "check" as fits in the rest of the 10 minutes
+  timeout 330 python results/long_context_mqar.py "$out" 0.5 1 2 1 > "$out/mqar.log" 2>&1; tail -n 3 "$out/mqar.log"
+  rm -f "$out"/*/checkpoint_*.pt
+  timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
+    --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
 else
   shift 2
   timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \
