@@ -48,6 +48,8 @@ class TrainConfig:
     num_pairs: int = 8
     vocab_size: int = 64
     query_rate: float = 1.0                # < 1: sparse queries between filler, so recall reaches far back
+                                           # (then micro-batches and ranks hold different numbers of answers,
+                                           # yet each one's mean loss gets the same weight)
     # model
     d_model: int = 64
     n_layers: int = 2
