@@ -11,9 +11,11 @@
 #       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries);
 #   bash results/next_gpu_session.sh mqar-seed1-and-check OUT
 #       the same with seed 1 and shorter phases, then the GPU tests for what time is left.
-# Not yet run on a GPU (2026-12-02): the dK/dV candidates added after the last sweep (every
-# tile checked; 32x32, 128x32, 64x32 without spills at D = 128), the launch path without
-# autograd under no_grad, the tuner's decision file: check first, then bench.
+# 2026-12-03: the GPU tests ran for 235 s after the seed-1 long-context run and passed 77 of
+# about 82 (every autotuning candidate, the new dK/dV ones included; the last few in file
+# order, dropout and > 65535 batch·heads, were cut off: results/h200/
+# gpu_tests_attention_2026-12-03_partial.log). Not yet timed on a GPU: the new dK/dV
+# candidates in a sweep, the launch path without autograd, the tuner's decision file: bench.
 set -u
 phase=$1 out=$2
 export PYTHONPATH=. PYTHONUNBUFFERED=1
