@@ -3,110 +3,21 @@ backed by flashlab's Triton kernels, and an attention ``nn.Module`` built on it.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
-from . import autotune, runtime
+from . import runtime
 from .checks import check_attention_inputs, default_scale
-from .flash_triton import (
-    LOG2E,
-    dropout_mask_kernel,
-    flash_backward_dkdv_kernel,
-    flash_backward_dq_kernel,
-    flash_backward_preprocess_kernel,
-    flash_forward_kernel,
+from .flash_launch import (
+    KERNEL_DTYPES,
+    MAX_HEAD_DIM,
+    _precision,
+    draw_dropout_seed,
+    flash_backward,
+    flash_forward,
 )
 from .naive import naive_attention
 from .tiled import tiled_attention
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
-
-
-def _cdiv(a: int, b: int) -> int:
-    """⌈a / b⌉. Plain Python: triton.cdiv goes through Triton's JIT call machinery (about 7 µs
-    a call on this course's CPU), and small attention calls are launch-bound."""
-    return -(-a // b)
-
-
-def _block_d(head_dim: int) -> int:
-    """Head dimension padded to a power of two ≥ 16 (tl.dot needs ≥ 16; the mask hides the padding)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    """The GPU's compute capability, or None under Triton's interpreter (CPU tensors)."""
-    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-
-
-PREPROCESS_BLOCK = {True: 64, False: 32}   # rows per program of D = rowsum(dO ∘ O): GPU, interpreter
-
-
-def _mask_args(attn_mask, q, k):
-    """The mask as the kernels read it: expanded (stride 0, no copy) to (B, H, Nq, Nk)."""
-    B, H, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    if attn_mask is None:
-        return q, (0, 0, 0, 0), False, False  # any pointer: HAS_MASK=False never reads it
-    mask = attn_mask.expand(B, H, n_q, n_k)
-    if mask.dtype == torch.bool:
-        mask = mask.view(torch.uint8)  # same bytes; Triton reads uint8 more portably than i1
-    return mask, mask.stride(), True, attn_mask.dtype == torch.bool
-
-
-def draw_dropout_seed() -> int:
-    """The Philox seed of one dropout call, drawn from torch's default CPU generator, so
-    ``torch.manual_seed`` makes flashlab's dropout reproducible."""
-    return int(torch.randint(0, 2**31 - 1, ()).item())
-
-
-def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dropout_p: float,
-                      device="cpu") -> torch.Tensor:
-    """The boolean (batch, heads, Nq, Nk) keep mask Z that the kernels generate for ``seed``:
-    True where an attention weight survives. The kernels never store it; this exists so tests
-    (and the notebook) can check dropout exactly: O = (P ∘ Z / (1 − p)) V."""
-    keep = torch.empty(batch, heads, n_q, n_k, dtype=torch.uint8, device=device)
-    block = 64 if torch.device(device).type == "cuda" else 32   # small grids for the interpreter
-    grid = (_cdiv(n_q, block), _cdiv(n_k, block), batch * heads)
-    dropout_mask_kernel[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
-    return keep.bool()
-
-
-def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
-    """Runs ``launch(config)`` with the configuration the autotuner picks for this shape
-    (on the first call of a shape it tries every candidate, then remembers the fastest)."""
-    configs = autotune.candidates(kernel, q.shape[-1], _capability(q.device))
-    key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout)
-    launch(autotune.tuner.choose(key, configs, launch))
-
-
-def _precision(q, exact_fp32: bool) -> str:
-    return "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
-
-
-def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision):
-    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs)."""
-    B, H, n_q, head_dim = q.shape
-    n_k, group = k.shape[2], H // k.shape[1]
-    out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
-
-    def launch(config):
-        grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
-        flash_forward_kernel[grid](
-            q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
-            *out.stride(), lse.stride(0), lse.stride(1),
-            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
-            IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
-            **config.kwargs())
-        return out, lse
-
-    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
-    return out, lse
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -125,40 +36,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        B, H, n_q, head_dim = q.shape
-        H_kv, n_k = k.shape[1], k.shape[2]
-        group = H // H_kv
-        block_d = _block_d(head_dim)
-        delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-        rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
-        flash_backward_preprocess_kernel[(_cdiv(n_q, rows) * B * H,)](
-            out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
-            BLOCK_M=rows, BLOCK_D=block_d)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        mask, mask_strides, has_mask, mask_is_bool = _mask_args(ctx.attn_mask, q, k)
-        common = dict(IS_CAUSAL=ctx.is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                      DROPOUT=ctx.dropout_p > 0, EVEN_D=head_dim == block_d, BLOCK_D=block_d,
-                      INPUT_PRECISION=ctx.precision)
-        strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
-                   lse.stride(0), lse.stride(1))
-
-        def launch_dkdv(config):
-            flash_backward_dkdv_kernel[(_cdiv(n_k, config.block_n) * B * H_kv,)](
-                q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
-                H_kv, H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
-                FAST_PATH=config.fast_path, **common, **config.kwargs())
-            return dk, dv
-
-        def launch_dq(config):
-            flash_backward_dq_kernel[(_cdiv(n_q, config.block_m) * B * H,)](
-                q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
-                H, n_q, n_k, head_dim, group, ctx.scale * LOG2E, ctx.scale, ctx.seed, ctx.dropout_p,
-                **common, **config.kwargs())
-            return (dq,)
-
-        dropout = ctx.dropout_p > 0
-        _tuned_launch("dkdv", q, k, ctx.is_causal, has_mask, dropout, launch_dkdv)
-        _tuned_launch("dq", q, k, ctx.is_causal, has_mask, dropout, launch_dq)
+        dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.attn_mask, ctx.dropout_p, ctx.seed,
+                                    ctx.is_causal, ctx.scale, ctx.precision)
         return dq, dk, dv, None, None, None, None, None, None
 
 

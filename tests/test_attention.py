@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from flashlab import assert_close, autotune, reference_attention, reference_gradients
-from flashlab.flash_attention import MultiHeadAttention, attention, draw_dropout_seed, dropout_keep_mask
+from flashlab.flash_attention import MultiHeadAttention, attention
+from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
