@@ -24,8 +24,8 @@ import torch
 
 
 def _bench_softmax(args) -> None:
-    from .bench import benchmark_softmax
-    from .results import environment
+    from .benchmarks.softmax import benchmark_softmax
+    from .recorded import environment
 
     dtype = getattr(torch, args.dtype)
     rows = benchmark_softmax(args.rows, args.cols, dtype)
@@ -40,8 +40,8 @@ def _bench_softmax(args) -> None:
 
 def _bench_attention(args) -> None:
     from . import autotune
-    from .bench import benchmark_attention
-    from .results import environment
+    from .benchmarks.attention import benchmark_attention
+    from .recorded import environment
 
     env = environment()
 

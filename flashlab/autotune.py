@@ -60,7 +60,7 @@ INTERPRETER = Config(32, 32, 4, 1)   # the interpreter's cost grows with program
 # 128-wide tiles fit. Each list starts with the configuration measured best on an H200 before
 # autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when
 # pipelined: BLOCK_M < BLOCK_N with 2 stages gave dK errors of 1-9% on an H200 with Triton
-# 3.6 (results/probe_dk.py). tests/test_attention.py checks every candidate on a GPU.
+# 3.6 (python -m measurements.probe_dk). tests/test_attention.py checks every candidate on a GPU.
 _HOPPER = {
     "forward": {64: [Config(128, 64, 4, 3), Config(128, 128, 8, 3), Config(128, 64, 4, 4), Config(128, 128, 4, 3),
                      Config(64, 64, 4, 4)],
@@ -69,7 +69,7 @@ _HOPPER = {
                 256: [Config(64, 32, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 8, 2), Config(64, 64, 8, 2)]},
     "dkdv": {128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
                    Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1),
-                   # no register spills at D = 128 when compiled for sm_90 (results/kernel_resources_aot.py;
+                   # no register spills at D = 128 when compiled for sm_90 (python -m measurements.kernel_resources_aot;
                    # 64x64 w4 spills 376-648 bytes a thread); not yet timed on a GPU
                    Config(32, 32, 4, 2), Config(128, 32, 8, 2), Config(64, 32, 4, 3, fast_path=False)],
              256: [Config(32, 32, 4, 1), Config(64, 64, 4, 1), Config(32, 32, 4, 2)]},
@@ -297,7 +297,7 @@ def _rel_error(a, b) -> float:
 
 
 def _do_bench(fn) -> float:
-    from .bench import time_ms  # the benchmarks' own timer: do_bench medians on a GPU
+    from .timing import time_ms  # the benchmarks' own timer: do_bench medians on a GPU
     return time_ms(fn, "cuda", warmup_ms=10, rep_ms=50)
 
 

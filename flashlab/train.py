@@ -10,7 +10,7 @@ One optimizer step:
     non-finite loss or norm → skip the step, count it; K in a row → stop with a message
     else scaler.step(optimizer); scaler.update(); scheduler.step()
 
-Around it: precision modes (`flashlab.precision`), warm-up + cosine learning rate,
+Around it: precision modes (`flashlab.mixed_precision`), warm-up + cosine learning rate,
 activation checkpointing per block, checkpoints that restore model, optimizer, scaler,
 scheduler, step and RNG state (a resumed run reproduces an uninterrupted one), metrics to
 CSV, a tqdm bar with loss, throughput and MFU, and data parallelism with
@@ -33,10 +33,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import runtime
-from .bench import attention_flops
+from .mixed_precision import get_precision
 from .model import CausalTransformer
-from .precision import get_precision, peak_flops
 from .tasks import IGNORE_INDEX, AssociativeRecall, lookback
+from .timing import attention_flops, peak_flops
 
 
 @dataclass
@@ -151,7 +151,7 @@ class Trainer:
         self.train_seconds = 0.0                      # wall-clock inside fit(), all runs of a resumed job together
         self.history: list[dict] = []
         self.flops_per_step = self._flops_per_step()
-        self.peak = peak_flops(torch.cuda.get_device_name(self.device), self.precision) \
+        self.peak = peak_flops(torch.cuda.get_device_name(self.device), self.precision.compute_dtype) \
             if self.device.type == "cuda" else None
         if c.resume:
             self.load(c.resume)
@@ -396,24 +396,6 @@ def train_in_phases(config: TrainConfig, phases, out_dir):
         trainer.fit()
         previous = f"{out_dir}/{name}/checkpoint_last.pt"
         yield name, trainer
-
-
-def measure_step(config: TrainConfig, steps: int = 5, warmup: int = 2) -> dict:
-    """Median step time and peak memory of ``config`` (GPU: peak allocated bytes)."""
-    trainer = Trainer(dataclasses.replace(config, progress=False, out_dir=None,
-                                          steps=max(config.steps, steps + warmup)))
-    if trainer.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(trainer.device)
-    times = []
-    for i in range(warmup + steps):
-        m = trainer.train_step()
-        if i >= warmup:
-            times.append(m["step_ms"])
-    times.sort()
-    peak = torch.cuda.max_memory_allocated(trainer.device) if trainer.device.type == "cuda" else None
-    return {"step_ms": times[len(times) // 2], "peak_bytes": peak, "loss": m["loss"],
-            "parameters": trainer.model.num_parameters(), "tokens_per_s": config.batch_size * config.seq_len
-            / (times[len(times) // 2] / 1e3), "mfu": m["mfu"]}
 
 
 def read_metrics(path) -> list[dict]:

@@ -112,7 +112,7 @@ def number_formats_report(x: float) -> str:
     """How ``x`` is stored in fp32, tf32, fp16 and bf16: value, relative error, spacing."""
     import math
 
-    from .precision import FORMATS, format_properties, round_to
+    from .number_formats import FORMATS, format_properties, round_to
 
     lines = [f"{'format':>6} {'stored value':>16} {'relative error':>15} {'gap to next value':>18}"]
     for name in FORMATS:

@@ -86,7 +86,7 @@ def test_eval_tsp_command_line(tmp_path, capsys):
 
 
 def test_encoder_benchmark_times_every_attention():
-    from flashlab.tsp import benchmark_encoder
+    from flashlab.benchmarks.encoder import benchmark_encoder
 
     rows = benchmark_encoder([10], batch=2, warmup_ms=1, rep_ms=1)
     assert [r["attention"] for r in rows] == ["naive", "sdpa", "flashlab"]

@@ -5,7 +5,7 @@ and which candidate the autotuner chose. Spills or a shared-memory
 footprint that caps occupancy at one block per SM are the first suspects when a kernel
 trails cuDNN.
 
-    PYTHONPATH=. python results/kernel_resources.py OUT.json
+    python -m measurements.kernel_resources OUT.json
 """
 
 import json
@@ -15,7 +15,7 @@ import torch
 
 import flashlab.flash_triton as kernels
 from flashlab import attention, autotune
-from flashlab.results import environment
+from flashlab.recorded import environment
 
 NAMES = ["flash_forward_kernel", "flash_backward_preprocess_kernel", "flash_backward_dkdv_kernel",
          "flash_backward_dq_kernel"]

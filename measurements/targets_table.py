@@ -2,14 +2,14 @@
 each ratio is SDPA's time over flashlab's (memory: flashlab's extra bytes over the flash
 backend's), measured in the same run; ✗ marks a missed target, – a ratio with no target there.
 
-    PYTHONPATH=. python results/targets_table.py results/h200/attention.json > results/h200/targets_table.md
+    python -m measurements.targets_table results/h200/attention.json > results/h200/targets_table.md
 """
 
 import json
 import sys
 
-from flashlab.report import shapes, target_table
-from flashlab.results import describe
+from flashlab.benchmarks.analysis import shapes, target_table
+from flashlab.recorded import describe
 
 COLUMNS = [("fwd", "sdpa_flash"), ("fwd", "sdpa_cudnn"), ("fwd+bwd", "sdpa_flash"), ("fwd+bwd", "sdpa_cudnn"),
            ("memory fwd+bwd", "sdpa_flash")]

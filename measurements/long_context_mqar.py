@@ -17,7 +17,7 @@ bf16-mixed, flashlab attention, rotary positions on a quarter of each head's dim
    (`flashlab.tasks.lookback`); also with every slot asking, and at twice the long length
    (never trained on); and the peak memory.
 
-    PYTHONPATH=. python results/long_context_mqar.py OUT_DIR MINUTES_SHORT MINUTES_MEDIUM MINUTES_LONG [SEED]
+    python -m measurements.long_context_mqar OUT_DIR MINUTES_SHORT MINUTES_MEDIUM MINUTES_LONG [SEED]
 """
 
 import dataclasses
@@ -27,13 +27,14 @@ import time
 
 import torch
 
-from flashlab.results import environment
+from flashlab.recorded import environment
 from flashlab.tasks import AssociativeRecall
 from flashlab.train import TrainConfig, train_in_phases
-from results.train_measurements import attempt
+
+from .train_measurements import attempt
 
 # History: the first run (2026-12-02: N = 1024, 64 sequences per step, 4 layers of width 256)
-# stayed on MQAR's plateau (11%). results/mqar_settle.py then learned MQAR to 100% within a
+# stayed on MQAR's plateau (11%). measurements/mqar_settle.py then learned MQAR to 100% within a
 # minute with this model (2 layers, width 128, 4 heads of 32) at N = 128 and 512 sequences
 # per step; but with every query slot asking, the previous mention of a key is a few dozen
 # tokens back at any length, which tests recall, not reach. Hence sparse queries here.

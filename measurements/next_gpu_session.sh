@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU session's calls (each under 10 minutes on an H200):
-#   bash results/next_gpu_session.sh check OUT
+#   bash measurements/next_gpu_session.sh check OUT
 #       the GPU attention tests (every autotuning candidate of every kernel vs float64, the
 #       1-D grid, the backward's unmasked fast path), then compiled-kernel resources
 #       (registers, spills, shared memory) of every candidate, for issue 5's analysis;
-#   bash results/next_gpu_session.sh bench OUT DTYPE...
+#   bash measurements/next_gpu_session.sh bench OUT DTYPE...
 #       the benchmark sweep (N = 512 … 16384) with autotuning: 7.5 minutes for both dtypes before
 #       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
-#   bash results/next_gpu_session.sh mqar OUT
+#   bash measurements/next_gpu_session.sh mqar OUT
 #       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries);
-#   bash results/next_gpu_session.sh mqar-seed1-and-check OUT
+#   bash measurements/next_gpu_session.sh mqar-seed1-and-check OUT
 #       the same with seed 1 and shorter phases, then the GPU tests for what time is left.
 # 2026-12-03: the GPU tests ran for 235 s after the seed-1 long-context run and passed 77 of
 # about 82 (every autotuning candidate, the new dK/dV ones included; the last few in file
@@ -18,20 +18,20 @@
 # candidates in a sweep, the launch path without autograd, the tuner's decision file: bench.
 set -u
 phase=$1 out=$2
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
   timeout 400 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" \
     --durations=15 > "$out/gpu_tests_attention.log" 2>&1; tail -n 25 "$out/gpu_tests_attention.log"
-  timeout 120 python results/kernel_resources.py "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
+  timeout 120 python -m measurements.kernel_resources "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
 elif [ "$phase" = mqar ]; then
-  timeout 570 python results/long_context_mqar.py "$out" 1.5 1 2.5 > "$out/mqar.log" 2>&1; tail -n 6 "$out/mqar.log"
+  timeout 570 python -m measurements.long_context_mqar "$out" 1.5 1 2.5 > "$out/mqar.log" 2>&1; tail -n 6 "$out/mqar.log"
   rm -f "$out"/*/checkpoint_*.pt
 elif [ "$phase" = mqar-seed1-and-check ]; then
   # a second seed of the long-context run (short phase cut to 0.5 min: the first run was at
   # 100% after 5 s of it), then as much of "check" as fits in the rest of the 10 minutes
-  timeout 330 python results/long_context_mqar.py "$out" 0.5 1 2 1 > "$out/mqar.log" 2>&1; tail -n 3 "$out/mqar.log"
+  timeout 330 python -m measurements.long_context_mqar "$out" 0.5 1 2 1 > "$out/mqar.log" 2>&1; tail -n 3 "$out/mqar.log"
   rm -f "$out"/*/checkpoint_*.pt
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"

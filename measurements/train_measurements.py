@@ -3,7 +3,7 @@ transformer at sequence length 4096 for five precision/attention configurations,
 largest sequence length each one can train at (batch 1, powers of two).
 
 Run on a GPU from the repository root:
-    PYTHONPATH=. python results/train_measurements.py OUT.json [deadline_seconds]
+    python -m measurements.train_measurements OUT.json [deadline_seconds]
 """
 
 import dataclasses
@@ -13,8 +13,9 @@ import time
 
 import torch
 
-from flashlab.results import environment
-from flashlab.train import TrainConfig, measure_step
+from flashlab.benchmarks.train_step import measure_step
+from flashlab.recorded import environment
+from flashlab.train import TrainConfig
 
 MODEL = TrainConfig(seq_len=4096, num_pairs=512, vocab_size=8192, d_model=512, n_layers=4, n_heads=8, batch_size=8,
                     steps=10, warmup_steps=2, progress=False, device="cuda")

@@ -10,7 +10,7 @@ Under these assumptions the forward's numbers match what the H200 reported for T
 shared). The Triton here may be newer than the GPU's, so compare variants with each other,
 not with the GPU.
 
-    python results/kernel_resources_aot.py [FLASH_TRITON_PY ...]   (default: flashlab/flash_triton.py)
+    python -m measurements.kernel_resources_aot [FLASH_TRITON_PY ...]   (default: flashlab/flash_triton.py)
 
 Give older versions of the file (``git show REV:flashlab/flash_triton.py > old.py``) to see
 what a change did to register pressure.
@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)   # compile, don't interpret (flashlab's import would set it)
 import triton  # noqa: E402
@@ -96,4 +97,4 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["flashlab/flash_triton.py"])
+    main(sys.argv[1:] or [str(Path(__file__).resolve().parents[1] / "flashlab" / "flash_triton.py")])

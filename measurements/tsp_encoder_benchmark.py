@@ -2,14 +2,14 @@
 width 128) with naive, SDPA and flashlab attention, 10 … 10,000 nodes, forward and
 forward+backward in bf16, with extra memory (claim 5 of notebook 07).
 
-    PYTHONPATH=. python results/tsp_encoder_benchmark.py OUT.json
+    python -m measurements.tsp_encoder_benchmark OUT.json
 """
 
 import json
 import sys
 
-from flashlab.results import environment
-from flashlab.tsp import benchmark_encoder
+from flashlab.benchmarks.encoder import benchmark_encoder
+from flashlab.recorded import environment
 
 NODES = [10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 

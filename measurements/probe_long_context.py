@@ -1,15 +1,16 @@
 """GPU probe (H200): how far past 131072 tokens each configuration of the trainer's causal
-transformer trains (batch 1, one step), continuing results/train_measurements.py.
+transformer trains (batch 1, one step), continuing measurements/train_measurements.py.
 
-    PYTHONPATH=. python results/probe_long_context.py OUT.json
+    python -m measurements.probe_long_context OUT.json
 """
 
 import dataclasses
 import json
 import sys
 
-from flashlab.results import environment
-from results.train_measurements import MODEL, attempt
+from flashlab.recorded import environment
+
+from .train_measurements import MODEL, attempt
 
 CONFIGS = [("bf16-mixed", "flashlab"), ("16-mixed", "flashlab"), ("bf16-mixed", "sdpa"), ("32-true", "flashlab")]
 

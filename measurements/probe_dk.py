@@ -1,6 +1,6 @@
 """GPU probe (H200): dK error of the backward for several (BLOCK_M, BLOCK_N, num_stages).
 
-Run on a GPU from the repository root: ``PYTHONPATH=. python results/probe_dk.py``.
+Run on a GPU from the repository root: ``python -m measurements.probe_dk``.
 Found on 2026-12-02 (Triton 3.6): BLOCK_M < BLOCK_N with 2 stages gave dK errors of
 1-9%; equal blocks or one stage were exact. flashlab's dK/dV candidates (flashlab.autotune)
 keep the blocks equal when pipelined.

@@ -10,7 +10,7 @@ claim 7  "PyTorch uses its fused flash kernel only when head_dim ≤ 128, in fp1
          dispatch actually launches (from the profiler), and whether forcing the flash
          backend is accepted.
 
-    PYTHONPATH=. python results/claims_measurements.py OUT.json
+    python -m measurements.claims_measurements OUT.json
 """
 
 import dataclasses
@@ -22,11 +22,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashlab import attention, naive_attention
-from flashlab.bench import extra_memory, time_ms
+from flashlab.benchmarks.analysis import sdpa_backend_from_kernels
+from flashlab.benchmarks.train_step import measure_step
 from flashlab.model import CausalTransformer
-from flashlab.report import sdpa_backend_from_kernels
-from flashlab.results import environment
-from flashlab.train import TrainConfig, measure_step
+from flashlab.recorded import environment
+from flashlab.timing import extra_memory, time_ms
+from flashlab.train import TrainConfig
 
 
 def claim2():

@@ -1,9 +1,9 @@
-"""Floating-point formats and precision modes."""
+"""Floating-point formats: ranges, rounding, and rounding a kernel's running state."""
 
 import pytest
 import torch
 
-from flashlab.precision import FORMATS, PRECISIONS, format_properties, get_precision, round_to
+from flashlab.number_formats import FORMATS, format_properties, round_to
 from flashlab.widgets import number_formats_report
 
 
@@ -21,17 +21,9 @@ def test_rounding():
     assert "fp16" in number_formats_report(0.1) and len(number_formats_report(0.1).splitlines()) == len(FORMATS) + 1
 
 
-def test_precision_modes():
-    assert set(PRECISIONS) == {"32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
-    assert get_precision("16-mixed").loss_scaling and not get_precision("bf16-mixed").loss_scaling
-    assert get_precision("bf16-true").param_dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="^precision:"):
-        get_precision("fp8")
-
-
 def test_attention_state_precision():
     from flashlab import rel_error
-    from flashlab.precision import attention_row_with_rounded_state
+    from flashlab.number_formats import attention_row_with_rounded_state
 
     torch.manual_seed(0)
     scores, values = torch.randn(1000, dtype=torch.float64) * 2, torch.randn(1000, 8, dtype=torch.float64)

@@ -2,8 +2,8 @@
 # GPU run of the capstone's TSP training (issue 7, notebook 09) on one H200, bf16-mixed,
 # Kool et al.'s setup (TSPConfig defaults), flashlab attention.
 #
-#   bash results/tsp_train_h200.sh first  OUT   # TSP20 (8 min) and TSP50 (first 8 min), side by side
-#   bash results/tsp_train_h200.sh second OUT   # TSP50 resumed from runs/tsp50 to 16 min in all
+#   bash measurements/tsp_train_h200.sh first  OUT   # TSP20 (8 min) and TSP50 (first 8 min), side by side
+#   bash measurements/tsp_train_h200.sh second OUT   # TSP50 resumed from runs/tsp50 to 16 min in all
 #
 # The two trainings of "first" share the GPU (their work is small kernels and Python; each
 # leaves the GPU mostly idle), so each one's wall-clock time is, if anything, longer than it
@@ -12,7 +12,7 @@
 # training) with the tours saved; everything lands in OUT as one archive per problem size.
 set -u
 phase=$1 out=$2
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 train() {   # n, minutes, extra options
   local n=$1 minutes=$2; shift 2
   python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \

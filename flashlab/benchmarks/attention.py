@@ -1,65 +1,14 @@
-"""Timing helpers and benchmarks. GPU: medians of `triton.testing.do_bench` (CUDA
-events, after warm-up, L2 flushed between runs). CPU: median of a plain wall-clock
-timer over a few runs (Triton's benchmarking needs a GPU driver)."""
+"""The attention benchmark of notebook 07 and ``python -m flashlab bench``: flashlab against
+naive attention, every SDPA backend and FlexAttention, forward, backward and both, in
+TFLOP/s (`flashlab.timing.attention_flops`) and extra memory."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from .fused_softmax import fused_softmax
-from .traffic import softmax_traffic
-
-
-def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 100, cpu_runs: int = 5) -> float:
-    """Median time of ``fn()`` in milliseconds."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda":
-        import triton.testing
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    fn()  # warm-up
-    times = []
-    for _ in range(cpu_runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def unfused_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax as five separate PyTorch ops (each a round trip through memory)."""
-    m = x.amax(dim=-1, keepdim=True)
-    e = torch.exp(x - m)
-    return e / e.sum(dim=-1, keepdim=True)
-
-
-def benchmark_softmax(rows: int, col_list, dtype=torch.float16, device=None) -> list[dict]:
-    """Time fused Triton softmax, torch.softmax and the unfused ops on ``rows × cols``
-    matrices; effective bandwidth = bytes of the fused traffic model (one read, one
-    write) / time, the same numerator for every implementation."""
-    from tqdm.auto import tqdm
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    impls = {"flashlab fused (Triton)": fused_softmax, "torch.softmax": lambda x: torch.softmax(x, -1),
-             "unfused PyTorch ops": unfused_softmax}
-    results = []
-    for cols in tqdm(list(col_list), desc="softmax benchmark"):
-        x = torch.randn(rows, cols, device=device, dtype=dtype)
-        moved = sum(s.total for s in softmax_traffic(rows, cols, dtype, fused=True))
-        for name, fn in impls.items():
-            ms = time_ms(lambda fn=fn, x=x: fn(x), device)
-            results.append({"impl": name, "rows": rows, "cols": cols, "dtype": str(dtype), "ms": ms,
-                            "GB/s": moved / ms / 1e6})
-    return results
-
-
-def attention_flops(batch, heads, seq_len, head_dim, is_causal, mode) -> float:
-    """FLOPs as FlashAttention's papers count them: 4·B·H·N²·D forward, halved when
-    causal; the backward is 2.5× the forward (so fwd+bwd is 3.5×)."""
-    forward = 4 * batch * heads * seq_len * seq_len * head_dim * (0.5 if is_causal else 1.0)
-    return forward * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[mode]
+from ..flash_attention import attention
+from ..naive import naive_attention
+from ..timing import attention_flops, extra_memory, time_ms
 
 
 def _sdpa_with(backend):
@@ -103,8 +52,6 @@ def _flex_attention():
 def attention_implementations(device: str, flex: bool = True) -> dict:
     """name -> fn(q, k, v, is_causal): flashlab, naive attention, and on a GPU each SDPA
     backend forced (flash, cuDNN, memory-efficient, math) and FlexAttention."""
-    from .flash_attention import attention
-    from .naive import naive_attention
 
     impls = {"flashlab": lambda q, k, v, is_causal: attention(q, k, v, is_causal=is_causal),
              "naive": lambda q, k, v, is_causal: naive_attention(q, k, v, is_causal=is_causal)}
@@ -117,18 +64,6 @@ def attention_implementations(device: str, flex: bool = True) -> dict:
         if flex:
             impls["flex"] = _flex_attention()
     return impls
-
-
-def extra_memory(fn, device) -> int | None:
-    """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA)."""
-    if device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
 
 
 def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dtypes=(torch.bfloat16,),

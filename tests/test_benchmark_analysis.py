@@ -2,7 +2,7 @@
 
 import pytest
 
-from flashlab.report import fit_power_law, target_table
+from flashlab.benchmarks.analysis import fit_power_law, target_table
 
 
 def _row(impl, n, mode, ms, extra=None, causal=False):
@@ -33,7 +33,7 @@ def test_power_law_fit():
 
 
 def test_sdpa_backend_from_kernel_names():
-    from flashlab.report import sdpa_backend_from_kernels
+    from flashlab.benchmarks.analysis import sdpa_backend_from_kernels
     cudnn = ["Memset (Device)", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64"]
     assert sdpa_backend_from_kernels(cudnn) == "cudnn"        # "flash" is in cuDNN's name too
     assert sdpa_backend_from_kernels(["fmha_cutlassF_f32_aligned_64x64_rf_sm80(...)"]) == "efficient"
@@ -44,7 +44,7 @@ def test_sdpa_backend_from_kernel_names():
 def test_merge_records_refuses_different_machines():
     import pytest
 
-    from flashlab.report import merge_records
+    from flashlab.benchmarks.analysis import merge_records
     a = {"environment": {"gpu": "NVIDIA H200", "torch": "2.11"}, "rows": [{"impl": "flashlab", "N": 512}]}
     b = {"environment": {"gpu": "NVIDIA H200", "torch": "2.11"}, "rows": [{"impl": "flashlab", "N": 2048}]}
     assert [r["N"] for r in merge_records(a, b)["rows"]] == [512, 2048]
@@ -53,7 +53,7 @@ def test_merge_records_refuses_different_machines():
 
 
 def test_autotune_choices_counts_each_kernel_and_shape():
-    from flashlab.report import autotune_choices
+    from flashlab.benchmarks.analysis import autotune_choices
     log = [{"key": ["forward", "cuda:0", "torch.bfloat16", 64, True, False, False, 1, 512, 512, 512], "chosen": "a"},
            {"key": ["forward", "cuda:0", "torch.float16", 64, True, False, False, 1, 512, 512, 512], "chosen": "b"},
            {"key": ["forward", "cuda:0", "torch.float16", 64, True, False, False, 1, 1024, 1024, 256], "chosen": "a"},

@@ -1,0 +1,69 @@
+"""How long, how much memory, how many FLOPs, and the hardware's peak: the measuring layer
+at the bottom of flashlab. It imports nothing from the package, so anything may use it
+(the autotuner, the trainer, the benchmark harness) without an import circle.
+
+Timing: on a GPU the median of `triton.testing.do_bench` (CUDA events, after warm-up, L2
+flushed between runs); on a CPU the median of a plain wall-clock timer over a few runs
+(Triton's benchmarking needs a GPU driver)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 100, cpu_runs: int = 5) -> float:
+    """Median time of ``fn()`` in milliseconds."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    fn()  # warm-up
+    times = []
+    for _ in range(cpu_runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def extra_memory(fn, device) -> int | None:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def attention_flops(batch, heads, seq_len, head_dim, is_causal, mode) -> float:
+    """FLOPs as FlashAttention's papers count them: 4·B·H·N²·D forward, halved when
+    causal; the backward is 2.5× the forward (so fwd+bwd is 3.5×)."""
+    forward = 4 * batch * heads * seq_len * seq_len * head_dim * (0.5 if is_causal else 1.0)
+    return forward * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[mode]
+
+
+# Dense peak FLOP/s of GPUs the course meets, for model-FLOPs utilisation (MFU).
+# Vendor datasheet numbers without sparsity; fp32 is the non-tensor-core rate.
+PEAK_FLOPS = {
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+}
+
+
+def peak_flops(device_name: str, compute_dtype: torch.dtype) -> float | None:
+    """The datasheet peak for this GPU when its matmuls run in ``compute_dtype`` (fp32 counts
+    as TF32 when PyTorch allows TF32 matmuls), or None for a GPU the table does not know."""
+    kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype)
+    if kind is None:
+        kind = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    for gpu, peaks in PEAK_FLOPS.items():
+        if gpu in device_name:
+            return peaks[kind]
+    return None
