@@ -11,7 +11,7 @@ from .checks import check_attention_inputs, default_scale
 from .flash_launch import (
     KERNEL_DTYPES,
     MAX_HEAD_DIM,
-    _precision,
+    _input_precision,
     draw_dropout_seed,
     flash_backward,
     flash_forward,
@@ -26,10 +26,10 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32):
-        precision = _precision(q, exact_fp32)
-        out, lse = flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision)
+        input_precision = _input_precision(q, exact_fp32)
+        out, lse = flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.precision = attn_mask, is_causal, scale, precision
+        ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.input_precision = attn_mask, is_causal, scale, input_precision
         ctx.dropout_p, ctx.seed = dropout_p, seed
         return out
 
@@ -37,7 +37,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.attn_mask, ctx.dropout_p, ctx.seed,
-                                    ctx.is_causal, ctx.scale, ctx.precision)
+                                    ctx.is_causal, ctx.scale, ctx.input_precision)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -106,7 +106,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
             return FlashAttentionFunction.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32)
         # no gradient wanted (inference, the TSP baseline's rollouts): skip autograd's bookkeeping,
         # about a quarter of the Python time of a small call
-        return flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, _precision(q, exact_fp32))[0]
+        return flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, _input_precision(q, exact_fp32))[0]
     group = q.shape[1] // k.shape[1]
     if attn_mask is None and group == 1 and dropout_p == 0:
         return tiled_attention(q, k, v, is_causal=is_causal, scale=scale)

@@ -28,9 +28,22 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block_d(head_dim: int) -> int:
-    """Head dimension padded to a power of two ≥ 16 (tl.dot needs ≥ 16; the mask hides the padding)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
+def _head_dim_args(head_dim: int) -> dict:
+    """BLOCK_D, the head dimension padded to a power of two ≥ 16 (tl.dot needs ≥ 16; a mask
+    hides the padding), and EVEN_D, whether no padding is needed (unmasked loads on the fast path)."""
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    return {"BLOCK_D": block_d, "EVEN_D": head_dim == block_d}
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its last (head) dimension contiguous, as the kernels read it (they take no
+    stride for it): ``t`` itself unless a view strides through it, then a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a (B, H, N, D) tensor whose head dimension is contiguous."""
+    return t.stride(0), t.stride(1), t.stride(2)
 
 
 @functools.cache
@@ -79,12 +92,15 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
     launch(autotune.tuner.choose(key, configs, launch))
 
 
-def _precision(q, exact_fp32: bool) -> str:
+def _input_precision(q, exact_fp32: bool) -> str:
+    """tl.dot's input_precision: "tf32" (tensor cores, 10 mantissa bits) for float32 inputs
+    unless exact fp32 is asked for, "ieee" otherwise (half-precision inputs are exact anyway)."""
     return "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
 
 
-def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision):
+def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
     """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs)."""
+    q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     B, H, n_q, head_dim = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
@@ -94,49 +110,46 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precisi
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
         flash_forward_kernel[grid](
-            q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
-            *out.stride(), lse.stride(0), lse.stride(1),
+            q, k, v, mask, out, lse, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            EVEN_D=head_dim == _block_d(head_dim), BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision,
-            **config.kwargs())
+            INPUT_PRECISION=input_precision, **_head_dim_args(head_dim), **config.kwargs())
         return out, lse
 
     _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
     return out, lse
 
 
-def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, precision):
+def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
-    Returns (dq, dk, dv)."""
+    Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L."""
+    q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
+    lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
-    block_d = _block_d(head_dim)
+    head_dim_args = _head_dim_args(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
     flash_backward_preprocess_kernel[(_cdiv(n_q, rows) * B * H,)](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
-        BLOCK_M=rows, BLOCK_D=block_d)
+        out, grad_out, delta, *_strides(out), *_strides(grad_out), H, n_q, head_dim,
+        BLOCK_M=rows, BLOCK_D=head_dim_args["BLOCK_D"])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                  DROPOUT=dropout_p > 0, EVEN_D=head_dim == block_d, BLOCK_D=block_d,
-                  INPUT_PRECISION=precision)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *mask_strides, *grad_out.stride(),
-               lse.stride(0), lse.stride(1))
+                  DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **head_dim_args)
+    inputs = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
+    sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p)
 
     def launch_dkdv(config):
         flash_backward_dkdv_kernel[(_cdiv(n_k, config.block_n) * B * H_kv,)](
-            q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
-            H_kv, H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p,
+            q, k, v, mask, grad_out, lse, delta, dk, dv, *inputs, *_strides(dk), *_strides(dv), *sizes,
             FAST_PATH=config.fast_path, **common, **config.kwargs())
         return dk, dv
 
     def launch_dq(config):
         flash_backward_dq_kernel[(_cdiv(n_q, config.block_m) * B * H,)](
-            q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
-            H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p,
+            q, k, v, mask, grad_out, lse, delta, dq, *inputs, *_strides(dq), *sizes,
             **common, **config.kwargs())
         return (dq,)
 

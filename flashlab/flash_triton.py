@@ -31,6 +31,13 @@ D = rowsum(dO ∘ O) still equals rowsum(P ∘ dP) because O already holds the d
 
 Masks are read tile by tile through their strides; broadcast dimensions have stride 0,
 so a (B, 1, 1, Nk) key-padding mask is never expanded in memory.
+
+Layout, as in Triton's fused-attention tutorial: each program first shifts its base pointers
+(Q, K, V, O, the mask, L, D) to its own batch and head, once; the helpers then take those
+pointers (or pointer tiles) with the one stride they step along. Every tensor's head
+dimension is contiguous (stride 1, arranged by the launcher), and L and D are contiguous
+(B, H, Nq) tensors, so neither needs strides of its own. The key range of a query block
+(`_key_range`) is one helper shared by the forward and the dQ pass.
 """
 
 from __future__ import annotations
@@ -48,8 +55,9 @@ def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int) -> list[lis
     (query block, key block) tile: SKIPPED (its loop stops before the tile), FULL (computed
     on the unchecked path: the tile ends before the block's first query and inside Nk) or
     MASKED (computed with bounds and causal masks). Rows are query blocks, columns key
-    blocks. The bounds are the kernel's own: ``hi = min(n_k, (start_m + 1)·BLOCK_M)`` and
-    ``clean_hi`` = the block's first query rounded down to a BLOCK_N multiple."""
+    blocks. The bounds are the kernel's own (`_key_range`, which tests/test_flash_triton.py
+    runs against this): ``hi = min(n_k, (start_m + 1)·BLOCK_M)`` and ``clean_hi`` = the
+    block's first query rounded down to a BLOCK_N multiple."""
     plan = []
     for start_m in range(0, n_q, block_m):
         hi = min(n_k, start_m + block_m)
@@ -66,15 +74,65 @@ def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int) -> list[lis
 
 
 @triton.jit
-def _tile_scores(q, k, mask_ptrs, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+def _key_range(start_m, n_k, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks query block ``start_m`` visits, in the forward and in the dQ pass:
+    [0, clean_hi) on the unchecked fast path, [clean_hi, hi) checked, the rest skipped.
+
+    Causal: keys past the block's last query are skipped, hi = min(Nk, (start_m + 1)·BLOCK_M).
+    Fast path: whole key blocks inside Nk and (causal) entirely at or below the diagonal,
+    i.e. ending at or before the block's first query. With an attn_mask every tile is checked."""
+    hi = n_k
+    if IS_CAUSAL:
+        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
+    clean_hi = 0
+    if not HAS_MASK:
+        clean_hi = (n_k // BLOCK_N) * BLOCK_N
+        if IS_CAUSAL:
+            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    return clean_hi, hi
+
+
+@triton.jit
+def _query_range(start_n, n_q, n_k, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, FAST_PATH: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query blocks the dK/dV pass streams past key block ``start_n``: [lo, clean_lo)
+    checked (the causal diagonal), [clean_lo, clean_hi) on the unchecked fast path, [clean_hi,
+    Nq) checked (the ragged end of Nq). Without FAST_PATH, clean_lo = clean_hi = Nq: one
+    checked loop.
+
+    Causal: earlier query blocks see none of these keys, lo = the block holding query start_n.
+    Fast path: whole query blocks inside Nq whose first query is at or past this key block's
+    last key (causal), with a whole key block and no attn_mask. (Branches only on constexprs;
+    the runtime test goes through tl.where.)"""
+    lo = 0
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    full_end = (n_q // BLOCK_M) * BLOCK_M
+    first_clean = lo
+    if IS_CAUSAL:
+        first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M   # first query ≥ last key
+    if HAS_MASK:
+        first_clean = n_q
+    clean_lo = tl.minimum(tl.where(start_n + BLOCK_N <= n_k, first_clean, n_q), full_end)
+    if IS_CAUSAL:
+        clean_lo = tl.maximum(clean_lo, lo)
+    clean_hi = tl.maximum(clean_lo, full_end)
+    if not FAST_PATH:
+        clean_lo = n_q
+    return lo, clean_lo, clean_hi
+
+
+@triton.jit
+def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale,
                  IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
                  INPUT_PRECISION: tl.constexpr):
-    """S = Q Kᵀ for one tile in base-2 units, with every masked entry at −inf."""
+    """S = Q Kᵀ for the tile of queries ``rows`` and keys ``cols``, in base-2 units, with
+    every masked entry at −inf."""
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-    cols = start_n + offs_n
-    valid = (cols < n_k)[None, :] & (offs_m < n_q)[:, None]
+    valid = (cols < n_k)[None, :] & (rows < n_q)[:, None]
     if IS_CAUSAL:
-        valid = valid & (cols[None, :] <= offs_m[:, None])      # top-left: key j ≤ query i
+        valid = valid & (cols[None, :] <= rows[:, None])        # top-left: key j ≤ query i
     if HAS_MASK:
         mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
         if MASK_IS_BOOL:
@@ -116,39 +174,41 @@ def _load_whole_rows(ptrs, d_ok, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale, skn, svn, smn,
+def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scale,
                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
                EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """K_j, V_j and S = Q K_jᵀ (base 2) for the key block at ``start_n``, as the forward and
-    the dQ pass both stream them. CHECKED=False is the fast path for tiles known to need
-    no masking at all (inside Nk, below the causal diagonal, no attn_mask): no bounds
-    checks, no −inf fills."""
+    """K_j, V_j and S = Q K_jᵀ (base 2) for the key block ``cols``, its tiles at ``k_ptrs``,
+    ``v_ptrs`` and ``mask_ptrs``, as the forward and the dQ pass both stream them.
+    CHECKED=False is the fast path for tiles known to need no masking at all (inside Nk,
+    below the causal diagonal, no attn_mask): no bounds checks, no −inf fills."""
     if CHECKED:
-        kv_ok = (start_n + offs_n < n_k)[:, None] & d_ok[None, :]
-        k = tl.load(k_ptrs + start_n * skn, mask=kv_ok, other=0.0)
-        s = _tile_scores(q, k, mask_ptrs + start_n * smn, offs_m, offs_n, start_n, n_q, n_k, qk_scale,
+        kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        s = _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale,
                          IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
-        v = tl.load(v_ptrs + start_n * svn, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
     else:
-        k = _load_whole_rows(k_ptrs + start_n * skn, d_ok, EVEN_D)
-        v = _load_whole_rows(v_ptrs + start_n * svn, d_ok, EVEN_D)
+        k = _load_whole_rows(k_ptrs, d_ok, EVEN_D)
+        v = _load_whole_rows(v_ptrs, d_ok, EVEN_D)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
     return k, v, s
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, lo, hi,
-                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
+                   lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                    CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                    MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
-    CHECKED as in `_key_block`."""
-    d_ok = offs_d < head_dim
+    ``k_ptrs``, ``v_ptrs``, ``mask_ptrs`` are the tiles of key block 0, one key row apart
+    by ``stride_kn``, ``stride_vn``, ``stride_mn``. CHECKED as in `_key_block`."""
+    offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k, v, s = _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale,
-                             skn, svn, smn, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
+        k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
+                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale,
+                             CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
         p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
@@ -164,8 +224,8 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, 
 @triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
     Q, K, V, MASK, O, L,
-    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
-    smz, smh, smm, smn, soz, soh, som, sod, slz, slh,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
     H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -181,37 +241,34 @@ def flash_forward_kernel(
     zh = tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP                                   # GQA: q heads h share k/v head h // GROUP
+    # this program's (batch, head): every base pointer shifted once
+    Q += z * stride_qz + h * stride_qh
+    K += z * stride_kz + kv_h * stride_kh
+    V += z * stride_vz + kv_h * stride_vh
+    MASK += z * stride_mz + h * stride_mh
+    O += z * stride_oz + h * stride_oh
+    L += zh * n_q
+
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim                            # head dims that are not powers of two
-
-    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :],
                 mask=(offs_m < n_q)[:, None] & d_ok[None, :], other=0.0)
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_ptrs = K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
-    v_ptrs = V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
-    mask_ptrs = MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn
+    k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
+    v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
+    mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
 
-    hi = n_k
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)   # key blocks past the diagonal: skipped
-    # Tiles that need no mask: whole key blocks inside Nk and (causal) entirely at or below
-    # the diagonal, i.e. ending at or before this block's first query. With an attn_mask
-    # every tile goes through the checked path.
-    clean_hi = 0
-    if not HAS_MASK:
-        clean_hi = (n_k // BLOCK_N) * BLOCK_N
-        if IS_CAUSAL:
-            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, 0, clean_hi,
-                                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+    clean_hi, hi = _key_range(start_m, n_k, IS_CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                                   offs_m, d_ok, 0, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                                    False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D,
                                    BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, clean_hi, hi,
-                                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                                   offs_m, d_ok, clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                                    True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, False,
                                    BLOCK_N, INPUT_PRECISION)
 
@@ -220,60 +277,64 @@ def flash_forward_kernel(
     if DROPOUT:
         o = o * (1.0 / (1.0 - dropout_p))                       # survivors scaled by 1/(1 − p)
     row_ok = offs_m < n_q
-    tl.store(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-             o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & d_ok[None, :])
     # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
     lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
-    tl.store(L + z * slz + h * slh + offs_m, lse, mask=row_ok)
+    tl.store(L + offs_m, lse, mask=row_ok)
 
 
 @triton.jit
-def flash_backward_preprocess_kernel(O, DO, DELTA, soz, soh, som, sod, sdz, sdh, sdm, sdd, H, n_q, head_dim,
-                                     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def flash_backward_preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_doz, stride_doh,
+                                     stride_dom, H, n_q, head_dim, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, as the forward's
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
     z, h = zh // H, zh % H
+    O += z * stride_oz + h * stride_oh
+    DO += z * stride_doz + h * stride_doh
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (offs_m < n_q)[:, None] & (offs_d < head_dim)[None, :]
-    o = tl.load(O + z * soz + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod, mask=ok, other=0.0)
-    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=ok, other=0.0)
+    o = tl.load(O + offs_m[:, None] * stride_om + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + offs_m[:, None] * stride_dom + offs_d[None, :], mask=ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)     # D_i = rowsum(dO ∘ O)
     tl.store(DELTA + zh * n_q + offs_m, delta, mask=offs_m < n_q)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d, lo, hi,
-                start_n, n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, sqm, sdm, smm,
+def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, stride_dom, stride_mm, cols, d_ok,
+                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                 CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                 MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulates dK_j and dV_j over query blocks lo, lo + BLOCK_M, … < hi of one q head.
+    """Accumulates dK_j and dV_j (keys ``cols``) over query blocks lo, lo + BLOCK_M, … < hi of
+    one q head: ``q_ptrs``, ``do_ptrs``, ``mask_ptrs`` are its tiles of query block 0, one
+    query row apart by ``stride_qm``, ``stride_dom``, ``stride_mm``; L and DELTA its rows.
 
     CHECKED=False is the fast path for tiles that need no masking: whole query blocks
     (inside Nq), a whole key block (inside Nk), entirely on or below the causal diagonal,
     no attn_mask. Then no bounds checks and no −inf fills."""
-    d_ok = offs_d < head_dim
+    offs_mb = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         if CHECKED:
             q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
-            q = tl.load(q_ptrs + start_m * sqm, mask=q_ok, other=0.0)
-            s = _tile_scores(q, k, mask_ptrs + start_m * smm, offs_m, offs_n - start_n, start_n, n_q, n_k, qk_scale,
+            q = tl.load(q_ptrs + start_m * stride_qm, mask=q_ok, other=0.0)
+            s = _tile_scores(q, k, mask_ptrs + start_m * stride_mm, offs_m, cols, n_q, n_k, qk_scale,
                              IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
-            lse = tl.load(l_ptrs + offs_m, mask=offs_m < n_q, other=float("inf"))
-            do = tl.load(do_ptrs + start_m * sdm, mask=q_ok, other=0.0)
-            delta = tl.load(delta_ptrs + offs_m, mask=offs_m < n_q, other=0.0)
+            lse = tl.load(L + offs_m, mask=offs_m < n_q, other=float("inf"))
+            do = tl.load(do_ptrs + start_m * stride_dom, mask=q_ok, other=0.0)
+            delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
         else:
-            q = _load_whole_rows(q_ptrs + start_m * sqm, d_ok, EVEN_D)
-            do = _load_whole_rows(do_ptrs + start_m * sdm, d_ok, EVEN_D)
+            q = _load_whole_rows(q_ptrs + start_m * stride_qm, d_ok, EVEN_D)
+            do = _load_whole_rows(do_ptrs + start_m * stride_dom, d_ok, EVEN_D)
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-            lse = tl.load(l_ptrs + offs_m)
-            delta = tl.load(delta_ptrs + offs_m)
+            lse = tl.load(L + offs_m)
+            delta = tl.load(DELTA + offs_m)
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
         if DROPOUT:
-            keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
+            keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
             dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
@@ -287,91 +348,85 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, of
 @triton.jit(do_not_specialize=["seed"])
 def flash_backward_dkdv_kernel(
     Q, K, V, MASK, DO, L, DELTA, DK, DV,
-    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
-    smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh,
-    sdkz, sdkh, sdkn, sdkd, sdvz, sdvh, sdvn, sdvd,
-    H_KV, H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom,
+    stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
-    zh = tl.program_id(0) // num_n
-    z, kv_h = zh // H_KV, zh % H_KV
+    zkv = tl.program_id(0) // num_n
+    h_kv = H // GROUP
+    z, kv_h = zkv // h_kv, zkv % h_kv
+    first_h = kv_h * GROUP                                        # the first q head that uses this k/v head
+    # this program's (batch, k/v head), and for Q, dO, the mask, L and D its first q head:
+    # every base pointer shifted once
+    K += z * stride_kz + kv_h * stride_kh
+    V += z * stride_vz + kv_h * stride_vh
+    DK += z * stride_dkz + kv_h * stride_dkh
+    DV += z * stride_dvz + kv_h * stride_dvh
+    Q += z * stride_qz + first_h * stride_qh
+    DO += z * stride_doz + first_h * stride_doh
+    MASK += z * stride_mz + first_h * stride_mh
+    L += (z * H + first_h) * n_q
+    DELTA += (z * H + first_h) * n_q
+
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_mb = tl.arange(0, BLOCK_M)
     d_ok = offs_d < head_dim
     kv_ok = (offs_n < n_k)[:, None] & d_ok[None, :]
     # K_j and V_j are loaded once and stay on chip for the whole pass
-    k = tl.load(K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kv_ok, other=0.0)
-    v = tl.load(V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, mask=kv_ok, other=0.0)
+    k = tl.load(K + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
-    lo = 0
-    if IS_CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M                      # earlier query blocks see none of these keys
-    # Query blocks [clean_lo, clean_hi) need no mask: whole blocks inside Nq whose first query
-    # is at or past this key block's last key (causal), with a whole key block and no
-    # attn_mask. Blocks before (the diagonal) and after (the ragged end of Nq) are checked.
-    # (Branches only on constexprs; the runtime test goes through tl.where.)
-    full_end = (n_q // BLOCK_M) * BLOCK_M
-    first_clean = lo
-    if IS_CAUSAL:
-        first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M   # first query ≥ last key
-    if HAS_MASK:
-        first_clean = n_q
-    clean_lo = tl.minimum(tl.where(start_n + BLOCK_N <= n_k, first_clean, n_q), full_end)
-    if IS_CAUSAL:
-        clean_lo = tl.maximum(clean_lo, lo)
-    clean_hi = tl.maximum(clean_lo, full_end)
+    lo, clean_lo, clean_hi = _query_range(start_n, n_q, n_k, IS_CAUSAL, HAS_MASK, FAST_PATH, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
-        h = kv_h * GROUP + g
-        q_ptrs = Q + z * sqz + h * sqh + offs_mb[:, None] * sqm + offs_d[None, :] * sqd
-        do_ptrs = DO + z * sdz + h * sdh + offs_mb[:, None] * sdm + offs_d[None, :] * sdd
-        mask_ptrs = MASK + z * smz + h * smh + offs_mb[:, None] * smm + offs_n[None, :] * smn
-        l_ptrs = L + z * slz + h * slh
-        delta_ptrs = DELTA + (z * H + h) * n_q
+        q_ptrs = Q + g * stride_qh + offs_mb[:, None] * stride_qm + offs_d[None, :]
+        do_ptrs = DO + g * stride_doh + offs_mb[:, None] * stride_dom + offs_d[None, :]
+        mask_ptrs = MASK + g * stride_mh + offs_mb[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        zh = z * H + first_h + g
+        # diagonal (all of Nq without FAST_PATH: one loop, less code and fewer registers,
+        # see autotune.Config), then the unchecked middle, then the ragged end of Nq
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
+                             stride_qm, stride_dom, stride_mm, offs_n, d_ok, lo, clean_lo, n_q, n_k, qk_scale,
+                             seed, zh, dropout_p, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D,
+                             BLOCK_M, INPUT_PRECISION)
         if FAST_PATH:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                                 lo, clean_lo, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                                 INPUT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                                 clean_lo, clean_hi, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                                 sqm, sdm, smm, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                                 INPUT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, offs_d,
-                                 clean_hi, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                                 INPUT_PRECISION)
-        else:   # every tile checked: one loop, less code and fewer registers (see autotune.Config)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n,
-                                 offs_d, lo, n_q, start_n, n_q, n_k, head_dim, qk_scale, seed, z * H + h, dropout_p,
-                                 sqm, sdm, smm, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_M,
-                                 INPUT_PRECISION)
-    tl.store(DK + z * sdkz + kv_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + z * sdvz + kv_h * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,
-             dv.to(DV.dtype.element_ty), mask=kv_ok)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
+                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_lo, clean_hi, n_q, n_k,
+                                 qk_scale, seed, zh, dropout_p, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
+                                 EVEN_D, BLOCK_M, INPUT_PRECISION)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
+                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, n_q, n_q, n_k,
+                                 qk_scale, seed, zh, dropout_p, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
+                                 EVEN_D, BLOCK_M, INPUT_PRECISION)
+    tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+             mask=kv_ok)
+    tl.store(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, lo, hi,
-              n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
+              lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
               CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
               MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
               BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi; CHECKED=False as in the
-    forward: whole key blocks below the causal diagonal, no attn_mask. (Rows past Nq need
-    no mask there: their L is +inf, so P = 2^(S − L) = 0.)"""
-    d_ok = offs_d < head_dim
+    """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi, the key tiles as in
+    `_forward_tiles`; CHECKED=False as in the forward: whole key blocks below the causal
+    diagonal, no attn_mask. (Rows past Nq need no mask there: their L is +inf, so
+    P = 2^(S − L) = 0.)"""
+    offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k, v, s = _key_block(q, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, d_ok, start_n, n_q, n_k, qk_scale,
-                             skn, svn, smn, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
+        k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
+                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale,
+                             CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:
@@ -385,8 +440,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, 
 @triton.jit(do_not_specialize=["seed"])
 def flash_backward_dq_kernel(
     Q, K, V, MASK, DO, L, DELTA, DQ,
-    sqz, sqh, sqm, sqd, skz, skh, skn, skd, svz, svh, svn, svd,
-    smz, smh, smm, smn, sdz, sdh, sdm, sdd, slz, slh, sdqz, sdqh, sdqm, sdqd,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
     H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -396,33 +451,35 @@ def flash_backward_dq_kernel(
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP
+    # this program's (batch, head): every base pointer shifted once
+    Q += z * stride_qz + h * stride_qh
+    K += z * stride_kz + kv_h * stride_kh
+    V += z * stride_vz + kv_h * stride_vh
+    MASK += z * stride_mz + h * stride_mh
+    DO += z * stride_doz + h * stride_doh
+    DQ += z * stride_dqz + h * stride_dqh
+    L += zh * n_q
+    DELTA += zh * n_q
+
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
     q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
-    q = tl.load(Q + z * sqz + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=q_ok, other=0.0)
-    do = tl.load(DO + z * sdz + h * sdh + offs_m[:, None] * sdm + offs_d[None, :] * sdd, mask=q_ok, other=0.0)
-    lse = tl.load(L + z * slz + h * slh + offs_m, mask=offs_m < n_q, other=float("inf"))
-    delta = tl.load(DELTA + zh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_ok, other=0.0)
+    do = tl.load(DO + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_ok, other=0.0)
+    lse = tl.load(L + offs_m, mask=offs_m < n_q, other=float("inf"))
+    delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_ptrs = K + z * skz + kv_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd
-    v_ptrs = V + z * svz + kv_h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd
-    mask_ptrs = MASK + z * smz + h * smh + offs_m[:, None] * smm + offs_n[None, :] * smn
+    k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
+    v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
+    mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
 
-    hi = n_k
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
-    clean_hi = 0                                                 # the forward's split, see there
-    if not HAS_MASK:
-        clean_hi = (n_k // BLOCK_N) * BLOCK_N
-        if IS_CAUSAL:
-            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, 0, clean_hi,
-                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+    clean_hi, hi = _key_range(start_m, n_k, IS_CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N)   # the forward's split
+    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
+                   0, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                    False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, offs_m, offs_n, offs_d, clean_hi, hi,
-                   n_q, n_k, head_dim, qk_scale, seed, zh, dropout_p, skn, svn, smn,
+    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
+                   clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                    True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
-    tl.store(DQ + z * sdqz + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)
+    tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

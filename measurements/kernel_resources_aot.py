@@ -89,6 +89,7 @@ def main(paths):
                                   dict(dkdv, FAST_PATH=False), 4, 2)]
                 else:
                     variants += [("dK/dV 64x64", kernels.flash_backward_dkdv_kernel, dkdv, 4, 2)]
+                variants += [("dQ 64x64", kernels.flash_backward_dq_kernel, dkdv, 4, 2)]
                 for name, fn, constexprs, warps, stages in variants:
                     r = resources(compile_for_sm90(fn, constexprs, warps, stages))
                     print(f"  D={d:<4} {'causal' if causal else 'full':7} {name:26} w{warps} s{stages}  "

@@ -1,0 +1,88 @@
+"""The kernels' loop bounds, read from the kernels' own helpers: `_key_range` (the key blocks a
+query block visits, in the forward and the dQ pass) and `_query_range` (the query blocks the
+dK/dV pass streams past a key block). A probe kernel calls each helper in every program and
+stores what it returned, so `causal_tile_plan`, the Python picture notebook 05 draws, is
+checked against the bounds the kernels really use."""
+
+# flashlab first: on a CPU-only machine it turns on Triton's interpreter, which must happen
+# before triton.language's own jitted helpers (tl.cdiv) are defined.
+import flashlab  # noqa: F401, I001
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from flashlab.flash_triton import FULL, MASKED, SKIPPED, _key_range, _query_range, causal_tile_plan
+
+SIZES = [(256, 256, 64, 32), (128, 512, 128, 64), (100, 70, 32, 32), (1, 1, 32, 32), (300, 200, 64, 64),
+         (70, 100, 16, 32), (97, 97, 32, 16)]
+
+
+@triton.jit
+def _key_range_probe(OUT, n_k, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0)
+    clean_hi, hi = _key_range(start_m, n_k, IS_CAUSAL, False, BLOCK_M, BLOCK_N)
+    tl.store(OUT + 2 * start_m, clean_hi)
+    tl.store(OUT + 2 * start_m + 1, hi)
+
+
+@triton.jit
+def _query_range_probe(OUT, n_q, n_k, IS_CAUSAL: tl.constexpr, FAST_PATH: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    lo, clean_lo, clean_hi = _query_range(start_n, n_q, n_k, IS_CAUSAL, False, FAST_PATH, BLOCK_M, BLOCK_N)
+    tl.store(OUT + 3 * tl.program_id(0), lo)
+    tl.store(OUT + 3 * tl.program_id(0) + 1, clean_lo)
+    tl.store(OUT + 3 * tl.program_id(0) + 2, clean_hi)
+
+
+def kernel_key_ranges(n_q, n_k, block_m, block_n, is_causal=True):
+    """(clean_hi, hi) of every query block, as `_key_range` computes them inside a kernel."""
+    out = torch.full((triton.cdiv(n_q, block_m), 2), -1, dtype=torch.int32)
+    _key_range_probe[(out.shape[0],)](out, n_k, IS_CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n)
+    return out.tolist()
+
+
+@pytest.mark.parametrize("n_q,n_k,block_m,block_n", SIZES)
+def test_causal_tile_plan_is_the_kernels_own(n_q, n_k, block_m, block_n):
+    """The forward runs key blocks [0, clean_hi) unchecked and [clean_hi, hi) checked: tile
+    j is FULL, MASKED or SKIPPED exactly as `causal_tile_plan` says."""
+    from_kernel = [[FULL if start_n < clean_hi else MASKED if start_n < hi else SKIPPED
+                    for start_n in range(0, n_k, block_n)]
+                   for clean_hi, hi in kernel_key_ranges(n_q, n_k, block_m, block_n)]
+    assert from_kernel == causal_tile_plan(n_q, n_k, block_m, block_n)
+
+
+@pytest.mark.parametrize("n_q,n_k,block_m,block_n", SIZES)
+def test_without_causality_every_key_block_is_visited(n_q, n_k, block_m, block_n):
+    whole_blocks = n_k // block_n * block_n
+    assert kernel_key_ranges(n_q, n_k, block_m, block_n, is_causal=False) == [[whole_blocks, n_k]] * triton.cdiv(
+        n_q, block_m)
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("n_q,n_k,block_m,block_n", SIZES)
+def test_dkdv_query_ranges_cover_every_needed_tile_and_skip_masks_only_where_safe(n_q, n_k, block_m, block_n,
+                                                                                 is_causal, fast_path):
+    """For each key block, the loops the dK/dV pass runs (checked [lo, clean_lo), unchecked
+    [clean_lo, clean_hi), checked [clean_hi, Nq); without FAST_PATH only the first, which then
+    reaches Nq) visit every query block holding a query that sees these keys, none twice; an
+    unchecked block is whole, inside Nq, of a whole key block, and (causal) every query in it
+    sees every key."""
+    out = torch.full((triton.cdiv(n_k, block_n), 3), -1, dtype=torch.int32)
+    _query_range_probe[(out.shape[0],)](out, n_q, n_k, IS_CAUSAL=is_causal, FAST_PATH=fast_path,
+                                        BLOCK_M=block_m, BLOCK_N=block_n)
+    for block, (lo, clean_lo, clean_hi) in enumerate(out.tolist()):
+        keys = range(block * block_n, min((block + 1) * block_n, n_k))
+        checked = list(range(lo, clean_lo if fast_path else n_q, block_m))    # the kernel's own loops
+        unchecked = list(range(clean_lo, clean_hi, block_m)) if fast_path else []
+        checked += list(range(clean_hi, n_q, block_m)) if fast_path else []
+        visited = sorted(checked + unchecked)
+        assert len(set(visited)) == len(visited)                       # no query block twice
+        needed = [m for m in range(0, n_q, block_m)
+                  if not is_causal or any(j <= i for i in range(m, min(m + block_m, n_q)) for j in keys)]
+        assert set(needed) <= set(visited) and all(m < n_q for m in visited)
+        for m in unchecked:
+            assert len(keys) == block_n and m + block_m <= n_q
+            assert not is_causal or all(j <= i for i in range(m, m + block_m) for j in keys)
