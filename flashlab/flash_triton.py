@@ -32,9 +32,9 @@ D = rowsum(dO ∘ O) still equals rowsum(P ∘ dP) because O already holds the d
 Masks are read tile by tile through their strides; broadcast dimensions have stride 0,
 so a (B, 1, 1, Nk) key-padding mask is never expanded in memory.
 
-Layout, as in Triton's fused-attention tutorial: each program first shifts its base pointers
-(Q, K, V, O, the mask, L, D) to its own batch and head, once; the helpers then take those
-pointers (or pointer tiles) with the one stride they step along. Every tensor's head
+Layout, as in Triton's fused-attention tutorial: each program shifts its base pointers (Q, K,
+V, the mask, L, D; the outputs where it stores them) to its own batch and head, once; the
+helpers then take those pointers (or pointer tiles) with the one stride they step along. Every tensor's head
 dimension is contiguous (stride 1, arranged by the launcher), and L and D are contiguous
 (B, H, Nq) tensors, so neither needs strides of its own. The key range of a query block
 (`_key_range`) is one helper shared by the forward and the dQ pass.
@@ -241,13 +241,12 @@ def flash_forward_kernel(
     zh = tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP                                   # GQA: q heads h share k/v head h // GROUP
-    # this program's (batch, head): every base pointer shifted once
+    # this program's (batch, head): every input's base pointer shifted once (the outputs' where
+    # they are stored: a pointer shifted here would sit in registers through the whole loop)
     Q += z * stride_qz + h * stride_qh
     K += z * stride_kz + kv_h * stride_kh
     V += z * stride_vz + kv_h * stride_vh
     MASK += z * stride_mz + h * stride_mh
-    O += z * stride_oz + h * stride_oh
-    L += zh * n_q
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -277,6 +276,8 @@ def flash_forward_kernel(
     if DROPOUT:
         o = o * (1.0 / (1.0 - dropout_p))                       # survivors scaled by 1/(1 − p)
     row_ok = offs_m < n_q
+    O += z * stride_oz + h * stride_oh
+    L += zh * n_q
     tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
     # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
@@ -362,17 +363,11 @@ def flash_backward_dkdv_kernel(
     h_kv = H // GROUP
     z, kv_h = zkv // h_kv, zkv % h_kv
     first_h = kv_h * GROUP                                        # the first q head that uses this k/v head
-    # this program's (batch, k/v head), and for Q, dO, the mask, L and D its first q head:
-    # every base pointer shifted once
+    # this program's (batch, k/v head): K's and V's base pointers shifted once (dK's and dV's
+    # where they are stored; Q's, dO's, the mask's, L's and D's where the query loop starts:
+    # shifted here they would sit in registers beside K_j and V_j)
     K += z * stride_kz + kv_h * stride_kh
     V += z * stride_vz + kv_h * stride_vh
-    DK += z * stride_dkz + kv_h * stride_dkh
-    DV += z * stride_dvz + kv_h * stride_dvh
-    Q += z * stride_qz + first_h * stride_qh
-    DO += z * stride_doz + first_h * stride_doh
-    MASK += z * stride_mz + first_h * stride_mh
-    L += (z * H + first_h) * n_q
-    DELTA += (z * H + first_h) * n_q
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -385,6 +380,12 @@ def flash_backward_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
+    # the group's first q head; head g of the group is g·stride_qh (g·Nq for L and D) further
+    Q += z * stride_qz + first_h * stride_qh
+    DO += z * stride_doz + first_h * stride_doh
+    MASK += z * stride_mz + first_h * stride_mh
+    L += (z * H + first_h) * n_q
+    DELTA += (z * H + first_h) * n_q
     lo, clean_lo, clean_hi = _query_range(start_n, n_q, n_k, IS_CAUSAL, HAS_MASK, FAST_PATH, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
         q_ptrs = Q + g * stride_qh + offs_mb[:, None] * stride_qm + offs_d[None, :]
@@ -406,6 +407,8 @@ def flash_backward_dkdv_kernel(
                                  stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, n_q, n_q, n_k,
                                  qk_scale, seed, zh, dropout_p, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
                                  EVEN_D, BLOCK_M, INPUT_PRECISION)
+    DK += z * stride_dkz + kv_h * stride_dkh
+    DV += z * stride_dvz + kv_h * stride_dvh
     tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
              mask=kv_ok)
     tl.store(DV + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_ok)
@@ -451,13 +454,12 @@ def flash_backward_dq_kernel(
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
     z, h = zh // H, zh % H
     kv_h = h // GROUP
-    # this program's (batch, head): every base pointer shifted once
+    # this program's (batch, head): every input's base pointer shifted once (dQ's where it is stored)
     Q += z * stride_qz + h * stride_qh
     K += z * stride_kz + kv_h * stride_kh
     V += z * stride_vz + kv_h * stride_vh
     MASK += z * stride_mz + h * stride_mh
     DO += z * stride_doz + h * stride_doh
-    DQ += z * stride_dqz + h * stride_dqh
     L += zh * n_q
     DELTA += zh * n_q
 
@@ -482,4 +484,5 @@ def flash_backward_dq_kernel(
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
                    clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
                    True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
+    DQ += z * stride_dqz + h * stride_dqh
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)
