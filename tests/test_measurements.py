@@ -1,0 +1,30 @@
+"""The scripts that produced results/ are modules of the `measurements` package: they run with
+``python -m measurements.<name>`` from the repository root, with no PYTHONPATH, and import
+each other as a package does (no sys.path edits, nothing imported from results/)."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_measurement_runs_as_a_module_without_pythonpath():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-m", "measurements.targets_table", "results/h200/attention.json"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("Targets on NVIDIA H200") and "| dtype | N |" in run.stdout
+
+
+def test_no_measurement_edits_sys_path_or_imports_from_results():
+    for path in sorted((ROOT / "measurements").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                raise AssertionError(f"{path.name} touches sys.path")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "results":
+                raise AssertionError(f"{path.name} imports from results/")
+    assert not list((ROOT / "results").glob("*.py")) and not list((ROOT / "results").glob("*.sh"))
