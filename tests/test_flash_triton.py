@@ -86,3 +86,19 @@ def test_dkdv_query_ranges_cover_every_needed_tile_and_skip_masks_only_where_saf
         for m in unchecked:
             assert len(keys) == block_n and m + block_m <= n_q
             assert not is_causal or all(j <= i for i in range(m, m + block_m) for j in keys)
+
+
+def test_inputs_whose_head_dimension_is_strided():
+    """The kernels take no stride for the head dimension: the launcher hands them a copy of any
+    q, k, v or dO that strides through it, so transposed views still give exact results."""
+    from flashlab import assert_close, attention, reference_attention, reference_gradients
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 2, 16, 24, device=device).transpose(-1, -2).requires_grad_() for _ in range(3))
+    assert q.shape == (1, 2, 24, 16) and q.stride(-1) != 1
+    out = attention(q, k, v, is_causal=True, exact_fp32=True)
+    grad_out = torch.randn(1, 2, 16, 24, device=device).transpose(-1, -2)
+    out.backward(grad_out)
+    assert_close(out, reference_attention(q, k, v, None, True), tol=1e-5)
+    for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), reference_gradients(q, k, v, grad_out, None, True)):
+        assert_close(got, want, tol=1e-5, what=f"d{name}")
