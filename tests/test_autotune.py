@@ -106,6 +106,27 @@ def test_decide():
         autotune.decide([a, b], {a: "boom", b: (1.0, 1.0)}, 1e-3)
 
 
+def test_decide_is_what_exercise_07_teaches():
+    """The package's decision and the exercise's reference solution agree on random measurements
+    (the exercise's tests hold the rule; this holds the package to it)."""
+    import random
+
+    from solutions.ex07_autotuner import decide as taught
+    rng = random.Random(3)
+    for _ in range(300):
+        configs = [f"c{i}" for i in range(rng.randint(1, 5))]
+        trials = {c: rng.choice(["OutOfResources", (rng.choice([1.0, 0.97, 0.9, rng.uniform(0.5, 2)]),
+                                                     rng.choice([0.0, 1e-3, 2e-3, float("nan")]))])
+                  for c in configs if rng.random() < 0.9}
+        outcomes = []
+        for fn in (taught, autotune.decide):
+            try:
+                outcomes.append(fn(configs, trials, 1e-3))
+            except RuntimeError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+
+
 # -- the tuner on fake kernels ------------------------------------------------------------------
 
 class FakeKernel:
