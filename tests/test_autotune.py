@@ -345,3 +345,27 @@ def test_fp32_large_head_dims_compile_and_agree_on_gpu(monkeypatch, d, tune):
         for got, want in zip((out, *grads), (ref, *ref_grads)):
             error = float((got.double() - want).norm() / want.norm())
             assert error < 5e-3, (d, causal, error)        # TF32 products where torch allows them
+
+
+# -- pre-tuning: the command's and the function's errors on CPU ---------------------------------
+
+def test_pretune_says_what_it_needs():
+    from flashlab import pretune
+    with pytest.raises(ValueError, match="device: .*CUDA"):
+        pretune.pretune([(1, 2, 64, 16)], device="cpu")
+    with pytest.raises(SystemExit):
+        pretune.tune_main(["--shape", "1,2,3"])                 # B,H,N,D needed
+    assert pretune.parse_shape("8,16,2048,64,4") == (8, 16, 2048, 64, 4)
+    key = ["dq", "cuda:0", "torch.float32", 96, True, False, False, 2, 1024, 1024, 32]
+    shipped = pretune.ship([{"key": key, "chosen": "64x64 w4 s1"}], "NVIDIA H200")
+    assert shipped["decisions"] == {"dq | torch.float32 | 96 | True | False | False | 2 | 1024 | 1024 | 32":
+                                    "64x64 w4 s1"}
+    assert shipped["format"] == autotune_cache.FORMAT and shipped["gpu"] == "NVIDIA H200"
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU message")
+def test_the_tune_command_refuses_a_cpu(capsys):
+    from flashlab.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["tune", "--shape", "1,2,64,16"])
+    assert "no CUDA GPU" in capsys.readouterr().err
