@@ -7,6 +7,8 @@
                     every TrainConfig field is an option, e.g. --precision bf16-mixed
   train-tsp         train the TSP Attention Model with REINFORCE (flashlab.tsp_train);
                     every TSPConfig field is an option; exports am_tspN.pt to --out-dir
+  tune              tune the attention kernels for a list of shapes ahead of training
+                    (flashlab.pretune; python -m flashlab tune --help)
   eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
                     to the published optimum, heuristics; --save-tours writes instances and tours
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
@@ -140,6 +142,10 @@ def _eval_tsp(args) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tune"]:          # pre-tune the kernels for a list of shapes: its own options
+        from .pretune import tune_main
+        return tune_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)

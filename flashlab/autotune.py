@@ -15,11 +15,22 @@ is measured, not guessed. What the tuner picks for which shapes on an H200 is re
     dkdv      one program per key block (BLOCK_N keys), streaming query blocks of BLOCK_M
     dq        one program per query block (BLOCK_M queries), streaming key blocks of BLOCK_N
 
+Each list is sized for the GPU and the element size: a configuration whose tiles do not fit
+in the GPU's shared memory (`shared_memory_bytes`, e.g. fp32 at D = 128 needs twice what
+bf16 does) is shrunk until it does, so the default compiles with tuning off too.
+
 Under Triton's interpreter (CPU) there is one small configuration and no tuning: timing
 the interpreter says nothing about a GPU. Set FLASHLAB_AUTOTUNE=0 to use each list's first
-(default) configuration on a GPU too. Decisions are kept in ~/.cache/flashlab/autotune.json
-(FLASHLAB_AUTOTUNE_CACHE sets another file, "" none), per GPU model, Triton version and
-kernel source, so only the first process on a machine pays for tuning.
+(default) configuration on a GPU too. Where a decision comes from, first hit wins:
+  1. this process's memory;
+  2. ~/.cache/flashlab/autotune.json (FLASHLAB_AUTOTUNE_CACHE sets another file, "" none),
+     per GPU model, Triton version and kernel source, shared by every process on the machine;
+  3. the decisions shipped with the package for the course's GPUs (flashlab/tuned/), used
+     when the shipped configuration is still a candidate and, checked once against the
+     default's outputs, agrees with it;
+  4. tuning now (10-60 s per new shape bucket on the first call; a warning says so once and
+     how to tune ahead: ``python -m flashlab tune``, `flashlab.pretune.pretune`).
+The choice itself is `decide`, a pure function of the measurements (exercise 07).
 """
 
 from __future__ import annotations
@@ -27,9 +38,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
+import math
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from . import autotune_cache
 
 
 @dataclass(frozen=True)
@@ -99,16 +114,100 @@ def generation(capability: tuple[int, int] | None) -> str:
     return "hopper" if capability[0] in (9, 10) else "ampere"
 
 
-def candidates(kernel: str, head_dim: int, capability: tuple[int, int] | None) -> list[Config]:
+def candidates(kernel: str, head_dim: int, capability: tuple[int, int] | None,
+               element_size: int | None = None, shared_memory: int | None = None) -> list[Config]:
     """The configurations the tuner tries for ``kernel`` at this head dimension, default first.
-    ``capability`` is torch.cuda.get_device_capability(), or None under the interpreter."""
+    ``capability`` is torch.cuda.get_device_capability(), or None under the interpreter.
+    With ``element_size`` (bytes per q/k/v element: 2 for bf16/fp16, 4 for fp32) the list is
+    sized to fit ``shared_memory`` bytes per block (default: the capability's, from
+    SHARED_MEMORY_PER_BLOCK); without it, as listed (sized for 2-byte elements). The tuner
+    sizes every list itself, from the call's dtype and device."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     if generation(capability) == "interpreter":
         return [INTERPRETER]
     table = (_HOPPER if generation(capability) == "hopper" else _AMPERE)[kernel]
     bound = next(d for d in sorted(table) if head_dim <= d or d == max(table))
-    return list(table[bound])
+    configs = list(table[bound])
+    if element_size is None:
+        return configs
+    limit = shared_memory if shared_memory is not None else shared_memory_for(capability)
+    return fit_shared_memory(kernel, configs, head_dim, element_size, limit)
+
+
+# -- shared memory: what a configuration needs, what the GPU has ------------------------------
+
+# Shared memory one block may use (bytes, the opt-in maximum) per compute capability, for a
+# torch without cudaDevAttrMaxSharedMemoryPerBlockOptin in its device properties.
+SHARED_MEMORY_PER_BLOCK = {(7, 0): 98304, (7, 5): 65536, (8, 0): 166912, (8, 6): 101376, (8, 7): 166912,
+                           (8, 9): 101376, (9, 0): 232448, (10, 0): 232448, (12, 0): 101376}
+
+
+def shared_memory_for(capability: tuple[int, int]) -> int:
+    """The table's limit for ``capability``; an unknown one gets the smallest of its major
+    version (or of all), so sizing errs toward configurations that fit."""
+    if capability in SHARED_MEMORY_PER_BLOCK:
+        return SHARED_MEMORY_PER_BLOCK[capability]
+    same_major = [v for (major, _), v in SHARED_MEMORY_PER_BLOCK.items() if major == capability[0]]
+    return min(same_major or SHARED_MEMORY_PER_BLOCK.values())
+
+
+@functools.cache
+def shared_memory_limit(device) -> int:
+    """Shared memory per block on this CUDA device, as Triton checks it ("Hardware limit")."""
+    import torch
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", None) or shared_memory_for((props.major, props.minor))
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    """BLOCK_D as the launcher computes it: D padded to a power of two ≥ 16."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def shared_memory_bytes(kernel: str, config: Config, head_dim: int, element_size: int) -> int:
+    """Shared memory a kernel compiled with ``config`` needs, in bytes. Triton stages in shared
+    memory every tile that feeds a tl.dot; a tile loaded inside the loop gets one buffer per
+    pipeline stage (num_stages), a tile loaded once gets one. With e bytes per element and
+    d = BLOCK_D:
+        forward  Q once, K and V per stage:              e·d·(BLOCK_M + 2·S·BLOCK_N)
+        dq       Q and dO once, K and V per stage:       e·d·(2·BLOCK_M + 2·S·BLOCK_N)
+        dkdv     K and V once, S + 1 tiles of Q/dO, the Pᵀ/dSᵀ operand, and 1 KiB for the
+                 pipelined L and Δ rows when S > 1:      e·(d·(2·BLOCK_N + (S+1)·BLOCK_M) + BLOCK_M·BLOCK_N)
+    Fitted to the compiled kernels' own figures: all 48 forward/dkdv/dq rows of
+    results/h200/kernel_resources.json (bf16, D = 64 and 128, Triton 3.6) exactly, and the
+    fp32 failure "Required: 262144" (forward 128x64 s3 at D = 128). Float masks' tiles are not
+    counted (the tuner skips a candidate that still fails to compile)."""
+    e, m, n, s, d = element_size, config.block_m, config.block_n, config.num_stages, _padded_head_dim(head_dim)
+    if kernel == "forward":
+        return e * d * (m + 2 * s * n)
+    if kernel == "dq":
+        return e * d * (2 * m + 2 * s * n)
+    if kernel == "dkdv":
+        return e * (d * (2 * n + (s + 1) * m) + m * n) + (1024 if s > 1 else 0)
+    raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+
+
+def fit_shared_memory(kernel: str, configs: list[Config], head_dim: int, element_size: int,
+                      limit: int) -> list[Config]:
+    """``configs`` with each one that needs more than ``limit`` bytes shrunk until it fits:
+    fewer pipeline stages first (the cheapest loss), then the larger tile side halved (down
+    to 16). Order kept, duplicates dropped, so the default stays first. Halving only once
+    unpipelined keeps dK/dV's rule (BLOCK_M ≥ BLOCK_N when pipelined)."""
+    fitted = []
+    for config in configs:
+        while shared_memory_bytes(kernel, config, head_dim, element_size) > limit:
+            if config.num_stages > 1:
+                config = replace(config, num_stages=config.num_stages - 1)
+            elif max(config.block_m, config.block_n) > 16:
+                if config.block_m > config.block_n:
+                    config = replace(config, block_m=config.block_m // 2)
+                else:
+                    config = replace(config, block_n=config.block_n // 2)
+            else:
+                break                   # the smallest tile: let the compiler say what it needs
+        fitted.append(config)
+    return list(dict.fromkeys(fitted))
 
 
 _forced: dict[str, Config] = {}
@@ -148,12 +247,55 @@ def shape_key(kernel, q, k, is_causal, has_mask, dropout) -> tuple:
             H // k.shape[1], _bucket(n_q), _bucket(k.shape[2]), _bucket(B * H))
 
 
+# -- the decision ------------------------------------------------------------------------------
+
+class Trial(NamedTuple):
+    """What running one candidate measured: its time, and the normwise relative error of its
+    outputs against the reference outputs (those of the first candidate that ran)."""
+    ms: float
+    error: float
+
+
+def decide(configs, trials: dict, tolerance: float, margin: float = 0.97):
+    """The autotuner's choice, from measurements alone. Returns ``(chosen, log)``.
+
+    ``configs``: the candidates, the default first. ``trials[config]`` is a `Trial` (or any
+    ``(ms, error)`` pair) for a config that ran, or a string saying why it failed to run
+    (e.g. "OutOfResources: shared memory"); a config missing from ``trials`` was not run.
+      - a config that failed or was not run is skipped;
+      - a config whose error exceeds ``tolerance`` (NaN included) is rejected: a compiler
+        bug must never win on speed;
+      - of the rest, the fastest wins, except that the default is kept unless the fastest
+        takes less than ``margin`` × the default's time (timings are noisy).
+    ``log`` maps every config to its time (accepted) or to the reason it was not (a string).
+    Raises RuntimeError, naming every config and its reason, when none is accepted."""
+    log, times = {}, {}
+    for config in configs:
+        trial = trials.get(config, "not run")
+        if isinstance(trial, str):
+            log[config] = f"failed: {trial}"
+            continue
+        ms, error = trial
+        if not error <= tolerance:
+            log[config] = f"disagrees with the reference: relative error {error:.2e} > {tolerance:.0e}"
+            continue
+        times[config] = log[config] = ms
+    if not times:
+        raise RuntimeError("no configuration ran correctly: "
+                           + "; ".join(f"{config}: {reason}" for config, reason in log.items()))
+    best = min(times, key=times.get)
+    default = configs[0]
+    if default in times and not times[best] < margin * times[default]:
+        best = default
+    return best, log
+
+
 class Autotuner:
     """Times every candidate once per shape key and remembers the fastest (the default unless
-    another is at least 3% faster).
+    another is at least 3% faster); see `decide`.
 
     ``launch(config)`` runs the kernel with that configuration and returns its outputs; each
-    candidate's outputs must agree with the default (first) configuration's within
+    candidate's outputs must agree with the reference (the first candidate's) within
     ``tolerance`` (normwise relative error, by output dtype) or it is rejected, so a
     configuration the compiler gets wrong is never chosen. Two correct bf16 configurations
     differ by at most the sum of their errors (each ≤ 2.4e-3 vs float64 on an H200); the
@@ -166,103 +308,191 @@ class Autotuner:
     # choice made on a 1% lead was 12% slower than the default in the benchmark that followed).
     MARGIN = 0.97
 
-    def __init__(self, bench=None, cache_path: str | None = None):
+    def __init__(self, bench=None, cache_path: str | None = None, shipped: bool | None = None):
         """``cache_path``: a JSON file that keeps decisions across processes (a new process
         would otherwise re-time every shape on first use). None: FLASHLAB_AUTOTUNE_CACHE, else
-        ~/.cache/flashlab/autotune.json; "" keeps decisions in memory only."""
+        ~/.cache/flashlab/autotune.json; "" keeps decisions in memory only. ``shipped``: use
+        the package's decisions for the course's GPUs (flashlab/tuned/); None: unless
+        FLASHLAB_AUTOTUNE_SHIPPED=0."""
         self.bench = bench or _do_bench
         self.best: dict[tuple, Config] = {}
+        self.untuned: dict[tuple, Config] = {}         # FLASHLAB_AUTOTUNE=0: the default that fits
         self.log: list[dict] = []
         if cache_path is None:
             cache_path = os.environ.get("FLASHLAB_AUTOTUNE_CACHE",
                                         os.path.join(os.path.expanduser("~"), ".cache", "flashlab", "autotune.json"))
         self.cache_path = cache_path
+        self.shipped = shipped if shipped is not None else os.environ.get("FLASHLAB_AUTOTUNE_SHIPPED", "1") != "0"
         self._disk: dict[str, str] | None = None      # read on first need
+        self._announced = False
 
     def choose(self, key: tuple, configs: list[Config], launch) -> Config:
         kernel = key[0]
         if kernel in _forced:
             return _forced[kernel]
-        if len(configs) == 1 or not enabled():
-            return configs[0]
+        if not enabled():
+            if key not in self.untuned:
+                self.untuned[key] = _first_that_compiles(_sized(key, configs), launch)
+            return self.untuned[key]
         if key in self.best:
             return self.best[key]
-        stored = self._stored(key, configs)
-        if stored is not None:
-            self.best[key] = stored
-            self.log.append({"key": _printable(key), "chosen": str(stored), "from_cache": self.cache_path})
-            return stored
-        reference, times, rejected = None, {}, {}
+        configs = _sized(key, configs)
+        if len(configs) == 1:
+            return configs[0]
+        chosen = self._stored(key, configs)
+        if chosen is not None:
+            self.log.append({"key": _printable(key), "chosen": str(chosen), "from_cache": self.cache_path})
+        else:
+            chosen = self._shipped(key, configs, launch)
+            if chosen is None:
+                chosen = self._tune(key, configs, launch)
+            self._store(key, chosen)
+        self.best[key] = chosen
+        return chosen
+
+    def _tune(self, key, configs, launch) -> Config:
+        """Runs every candidate, times the ones that run, and lets `decide` choose."""
+        self._announce(key)
+        reference, trials = None, {}
         for config in configs:
             try:
-                outputs = [t.clone() for t in launch(config)]
+                outputs = [t.clone() for t in launch(config)]   # clone: the next launch reuses the buffers
             except Exception as exc:              # e.g. triton OutOfResources: too much shared memory
-                rejected[str(config)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                trials[config] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
                 continue
             if reference is None:
                 reference = outputs
-            else:
-                error = max(_rel_error(a, b) for a, b in zip(outputs, reference))
-                if not error <= self.TOLERANCE.get(str(outputs[0].dtype), 3e-3):
-                    rejected[str(config)] = f"disagrees with {configs[0]}: relative error {error:.2e}"
-                    continue
-            times[config] = self.bench(lambda config=config: launch(config))
-        if not times:
-            raise RuntimeError(f"no configuration of the {kernel} kernel ran for {key}: {rejected}")
-        best = min(times, key=times.get)
-        if configs[0] in times and times[best] > self.MARGIN * times[configs[0]]:
-            best = configs[0]
-        self.best[key] = best
-        self.log.append({"key": _printable(key), "chosen": str(best), "ms": {str(c): t for c, t in times.items()},
-                         "rejected": rejected})
-        self._store(key, best)
-        return best
+            error = max(_rel_error(a, b) for a, b in zip(outputs, reference))
+            trials[config] = Trial(self.bench(lambda config=config: launch(config)), error)
+        try:
+            chosen, log = decide(configs, trials, self._tolerance(key), self.MARGIN)
+        except RuntimeError as exc:
+            raise RuntimeError(f"the {key[0]} kernel for {_printable(key)}: {exc}") from None
+        self.log.append({"key": _printable(key), "chosen": str(chosen),
+                         "ms": {str(c): v for c, v in log.items() if not isinstance(v, str)},
+                         "rejected": {str(c): v for c, v in log.items() if isinstance(v, str)}})
+        return chosen
+
+    def _tolerance(self, key) -> float:
+        return self.TOLERANCE.get(str(key[2]), 3e-3)
+
+    def _announce(self, key) -> None:
+        """Once per tuner: say that tuning is happening, what it costs, and how to avoid it."""
+        if self._announced:
+            return
+        self._announced = True
+        warnings.warn(
+            f"flashlab: tuning the attention kernels for a new shape ({_printable(key)}) on "
+            f"{_gpu_label(key[1])}, which has no stored decision for it: the first call of each new "
+            "shape bucket (powers of two of N, Nk, B·H; dtype, D, causal, mask) takes 10-60 s while "
+            "every candidate compiles and is timed; decisions are kept in "
+            f"{self.cache_path or 'memory only'}. To tune ahead of training: "
+            "`python -m flashlab tune --shape B,H,N,D --dtype bf16 [--causal]` or "
+            "flashlab.pretune.pretune([...]); FLASHLAB_AUTOTUNE=0 skips tuning (default configurations).",
+            RuntimeWarning, stacklevel=4)
 
     # -- decisions kept on disk ----------------------------------------------------------------
-    # An entry is valid only for the same GPU model, Triton version and kernel source: any of
-    # them changes what is fast, and a kernel edit could make a stored choice wrong.
+    # An entry of the user's cache is valid only for the same GPU model, Triton version and
+    # kernel source: any of them changes what is fast, and a kernel edit could make a stored
+    # choice wrong. Shipped decisions carry no source hash (every edit of the kernels would
+    # void them): they are used only while still among the candidates, and checked once.
 
     def _disk_key(self, key: tuple) -> str:
-        device = key[1]
-        gpu = _gpu_name(device) if getattr(device, "type", "cpu") == "cuda" else str(device)
-        parts = [gpu, f"triton {_triton_version()}", f"kernels {_kernel_source_hash()}", *map(str, key[:1]),
-                 *map(str, key[2:])]
-        return " | ".join(parts)
+        return " | ".join([_gpu_label(key[1]), f"triton {_triton_version()}", f"kernels {_kernel_source_hash()}",
+                           shipped_key(key)])
 
     def _stored(self, key: tuple, configs: list[Config]) -> Config | None:
         if not self.cache_path:
             return None
         if self._disk is None:
-            try:
-                with open(self.cache_path) as f:
-                    self._disk = json.load(f)
-            except (OSError, ValueError):             # no file yet, or unreadable: start afresh
-                self._disk = {}
+            self._disk = autotune_cache.read_decisions(self.cache_path)
         name = self._disk.get(self._disk_key(key))
         return next((c for c in configs if str(c) == name), None)   # a dropped candidate is re-tuned
 
     def _store(self, key: tuple, config: Config) -> None:
         if not self.cache_path:
             return
-        self._disk = self._disk or {}
-        self._disk[self._disk_key(key)] = str(config)
+        entry = {self._disk_key(key): str(config)}
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(self.cache_path)), exist_ok=True)
-            partial = f"{self.cache_path}.{os.getpid()}.tmp"
-            with open(partial, "w") as f:
-                json.dump(self._disk, f, indent=0, sort_keys=True)
-            os.replace(partial, self.cache_path)      # atomic: concurrent processes never see half a file
-        except OSError:
-            pass                                      # a read-only home: keep the decision in memory
+            self._disk = autotune_cache.merge_decisions(self.cache_path, entry)
+        except OSError:                               # a read-only home: keep the decision in memory
+            self._disk = {**(self._disk or {}), **entry}
+
+    def _shipped(self, key: tuple, configs: list[Config], launch) -> Config | None:
+        """The package's decision for this GPU model and shape, if it is still a candidate and
+        its outputs agree with the reference's (the first other candidate that runs)."""
+        device = key[1]
+        if not self.shipped or getattr(device, "type", None) != "cuda":
+            return None
+        name = autotune_cache.read_shipped(_gpu_name(device)).get(shipped_key(key))
+        config = next((c for c in configs if str(c) == name), None)
+        if config is None:
+            return None
+        try:
+            outputs = [t.clone() for t in launch(config)]
+        except Exception as exc:
+            warnings.warn(f"flashlab: the shipped configuration {config} for {_printable(key)} failed "
+                          f"({type(exc).__name__}): tuning instead", RuntimeWarning, stacklevel=4)
+            return None
+        checked_against = None
+        for other in configs:
+            if other == config:
+                continue
+            try:
+                reference = launch(other)
+            except Exception:
+                continue
+            error = max(_rel_error(a, b) for a, b in zip(outputs, reference))
+            if not error <= self._tolerance(key):
+                warnings.warn(f"flashlab: the shipped configuration {config} for {_printable(key)} disagrees "
+                              f"with {other} (relative error {error:.1e}): tuning instead", RuntimeWarning,
+                              stacklevel=4)
+                return None
+            checked_against = str(other)
+            break
+        self.log.append({"key": _printable(key), "chosen": str(config), "from_cache": "shipped",
+                         "checked_against": checked_against})
+        return config
 
     def report(self) -> list[dict]:
         """Every tuning decision so far: the key, the chosen config, and each candidate's time
-        (or, for a decision read from the cache file, that file)."""
+        (or, for a decision read from the cache file or the shipped decisions, where from)."""
         return list(self.log)
+
+
+def shipped_key(key: tuple) -> str:
+    """A shape key as text without the device: "kernel | dtype | D | causal | mask | dropout |
+    group | N bucket | Nk bucket | B·H bucket" (the GPU names the file it is kept in)."""
+    return " | ".join(map(str, (key[0], *key[2:])))
+
+
+def _sized(key: tuple, configs: list[Config]) -> list[Config]:
+    """``configs`` fitted to the shared memory of the key's GPU at the key's element size."""
+    device, dtype, head_dim = key[1], key[2], key[3]
+    if getattr(device, "type", None) != "cuda":
+        return configs
+    return fit_shared_memory(key[0], configs, head_dim, dtype.itemsize, shared_memory_limit(device))
+
+
+def _first_that_compiles(configs: list[Config], launch) -> Config:
+    """With tuning off: the default, or the first candidate after it that fits where the
+    shared-memory estimate fell short (run once per shape key, then remembered)."""
+    for config in configs[:-1]:
+        try:
+            launch(config)
+            return config
+        except Exception as exc:
+            if type(exc).__name__ != "OutOfResources":
+                raise
+    return configs[-1]
 
 
 def _printable(key: tuple) -> list:
     return [part if isinstance(part, (int, bool)) else str(part) for part in key]
+
+
+def _gpu_label(device) -> str:
+    return _gpu_name(device) if getattr(device, "type", None) == "cuda" else str(device)
 
 
 @functools.cache
@@ -291,7 +521,7 @@ def _rel_error(a, b) -> float:
     a, b = a.float(), b.float()
     finite = a.isfinite() & b.isfinite()
     if not bool(((a == b) | finite).all()):      # inf where the default has inf is fine (empty rows' L)
-        return float("inf")
+        return math.inf
     a, b = a[finite], b[finite]
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
@@ -299,6 +529,5 @@ def _rel_error(a, b) -> float:
 def _do_bench(fn) -> float:
     from .timing import time_ms  # the benchmarks' own timer: do_bench medians on a GPU
     return time_ms(fn, "cuda", warmup_ms=10, rep_ms=50)
-
 
 tuner = Autotuner()

@@ -1,62 +1,59 @@
-"""Exercise 07: the autotuner's decision (notebook 07, `flashlab/autotune.py`).
+"""Exercise 07: the autotuner's decision (notebook 07, `flashlab.autotune.decide`).
 
 A kernel has several candidate configurations (tile sizes, warps, pipeline stages). An
-autotuner runs each one, times it, and keeps the fastest, with three safeguards:
+autotuner runs each one once, compares its outputs with a reference, times it, and then
+decides, from those measurements alone, which configuration to keep. The decision has
+three safeguards:
 
-- a configuration that fails to run (e.g. Triton's OutOfResources: too much shared
+- a configuration that failed to run (e.g. Triton's OutOfResources: too much shared
   memory) is skipped, not fatal;
-- a configuration whose outputs disagree with the default's is rejected: a compiler bug
+- a configuration whose outputs disagree with the reference is rejected: a compiler bug
   must never win on speed (flashlab's tuner found wrong dK tiles this way);
 - timings are noisy, so a challenger must beat the default clearly (by the factor
   ``margin``) to replace it.
+
+The package's tuner (`flashlab.autotune.Autotuner._tune`) measures; this function, the same
+as `flashlab.autotune.decide`, decides.
 
 Test: ``pytest tests/test_ex07_autotuner.py``
 """
 
 
-def relative_error(a, b) -> float:
-    """Normwise relative error ‖a − b‖ / ‖b‖ of two tensors (as float64)."""
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
+def decide(configs, trials: dict, tolerance: float, margin: float = 0.97):
+    """Choose a configuration from measurements. Returns ``(chosen, log)``.
 
-
-def choose_config(configs, run, time_ms, tolerance: float, margin: float = 0.97):
-    """Pick a configuration. Returns ``(chosen, log)``.
-
-    - ``configs``: the candidates, the default first (any hashable objects).
-    - ``run(config)``: runs the kernel once with ``config`` and returns a tuple of output
-      tensors. It may raise any Exception: then skip that config.
-    - ``time_ms(fn)``: the time of calling ``fn()`` in milliseconds (a benchmark function).
-      Time a config as ``time_ms(lambda: run(config))``, once, and only if it was accepted.
-    - The reference outputs are those of the first config that runs (normally the default).
-      Reject a config if ``max(relative_error(out, ref))`` over its outputs exceeds
-      ``tolerance``.
-    - ``chosen``: the fastest accepted config, except that the default (``configs[0]``)
-      is kept when it was accepted and the fastest is not faster than ``margin`` × the
-      default's time.
-    - ``log``: dict config → its time (float) if timed, or a string saying why it was rejected
-      (for a config that raised, include the exception's class name).
-    - If no config runs at all, raise RuntimeError naming the configs that were tried.
+    - ``configs``: the candidates in order, the default (``configs[0]``) first; any hashable
+      objects.
+    - ``trials[config]`` is either a pair ``(ms, error)`` for a config that ran (its time in
+      milliseconds, and the normwise relative error of its outputs against the reference),
+      or a string saying why it failed to run. A config missing from ``trials`` was not run:
+      treat it as failed with the reason ``"not run"``.
+    - Skip failed configs. Reject a config whose ``error`` is not ≤ ``tolerance`` (so NaN is
+      rejected too).
+    - ``chosen``: the fastest accepted config, except that the default is kept when it was
+      accepted and the fastest is not strictly faster than ``margin`` × the default's time.
+    - ``log``: every config in ``configs`` → its time (the float ``ms``) if accepted, else a
+      string: ``"failed: <reason>"`` for a failed config, and for a rejected one a string
+      that contains ``"disagrees"`` and the error.
+    - If no config is accepted, raise RuntimeError whose message names every config and its
+      log entry.
     """
-    reference, times, log = None, {}, {}
+    log, times = {}, {}
     for config in configs:
-        try:
-            outputs = [t.clone() for t in run(config)]   # clone: the next run overwrites the buffers
-        except Exception as exc:
-            log[config] = f"failed: {type(exc).__name__}: {exc}"
+        trial = trials.get(config, "not run")
+        if isinstance(trial, str):
+            log[config] = f"failed: {trial}"
             continue
-        if reference is None:
-            reference = outputs
-        else:
-            error = max(relative_error(out, ref) for out, ref in zip(outputs, reference))
-            if not error <= tolerance:                   # NaN counts as a disagreement too
-                log[config] = f"disagrees with the reference: relative error {error:.2e}"
-                continue
-        times[config] = log[config] = time_ms(lambda config=config: run(config))
+        ms, error = trial
+        if not error <= tolerance:                 # NaN compares False: rejected too
+            log[config] = f"disagrees with the reference: relative error {error:.2e} > {tolerance:.0e}"
+            continue
+        times[config] = log[config] = ms
     if not times:
-        raise RuntimeError(f"no configuration ran: {list(configs)}")
-    best = min(times, key=times.get)
+        raise RuntimeError("no configuration ran correctly: "
+                           + "; ".join(f"{config}: {reason}" for config, reason in log.items()))
+    best = min(times, key=times.get)               # the first of equal times: the earlier candidate
     default = configs[0]
-    if default in times and times[best] > margin * times[default]:
+    if default in times and not times[best] < margin * times[default]:
         best = default
     return best, log

@@ -1,0 +1,74 @@
+"""flashlab attention in Hugging Face transformers models.
+
+    from flashlab.integrations.transformers import register
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=register())
+    # or, for a model already built: model.set_attn_implementation(register())
+
+`register` adds two entries under one name (``"lab_attention"``): the attention function to
+transformers' ``AttentionInterface`` and its mask function to ``AttentionMaskInterface``.
+Both are needed: without a registered mask function, a model hands a custom attention
+``attention_mask=None`` and padded batches silently attend to their padding. The name must
+not contain "flash": transformers reads such names as a hub flash-attention kernel.
+
+The attention function is transformers' SDPA path with `flashlab.attention` in place of
+``torch.nn.functional.scaled_dot_product_attention``: the same masks (boolean, True = attend,
+from transformers' own `sdpa_mask`: padding left or right, causal, sliding windows), the same
+causal flag (``is_causal`` only when no mask was needed and more than one query), GQA (key
+and value heads shared by groups of query heads: ``enable_gqa``), scaling and dropout, and
+the layout transformers expects back: (batch, queries, heads, head_dim).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flash_attention import attention
+
+NAME = "lab_attention"
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, position_bias: torch.Tensor | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """An ``AttentionInterface`` function: query (B, H, Nq, D), key and value (B, H_kv, Nk, D)
+    as the model's attention layer passes them; returns ((B, Nq, H, D), None) (no weights)."""
+    if kwargs.get("softcap") is not None:
+        raise ValueError("softcap: flashlab attention has no logit soft-capping; load the model with "
+                         "attn_implementation='eager' for it")
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions: flashlab never forms the attention weights; use "
+                         "attn_implementation='eager' to get them")
+    q_length, kv_length = query.shape[2], key.shape[2]
+    # The causal flag as SDPA takes it: only with no mask (transformers builds none for a plain
+    # causal batch) and more than one query (a single decoding query sees every cached key).
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = bool(q_length > 1 and attention_mask is None and is_causal)
+    if is_causal and kv_length > q_length:      # a static cache's unused tail (as transformers' SDPA path)
+        key, value = key[:, :, :q_length], value[:, :, :q_length]
+        if position_bias is not None:
+            position_bias = position_bias[:, :, :, :q_length]
+    if position_bias is not None:                # T5-style relative bias: one float mask
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+        attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
+        is_causal = False
+    out = attention(query, key, value, attn_mask=attention_mask, dropout_p=float(dropout), is_causal=is_causal,
+                    scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> str:
+    """Registers flashlab's attention and its mask function with transformers under ``name``
+    and returns the name, for ``attn_implementation=``."""
+    if "flash" in name.lower():
+        raise ValueError(f"name: {name!r} contains 'flash', which transformers takes for a hub flash-attention "
+                         f"kernel; use another name, e.g. {NAME!r}")
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as exc:
+        raise ImportError("flashlab.integrations.transformers needs transformers: pip install "
+                          "'flashlab-course[hf]' (or pip install transformers)") from exc
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)       # boolean masks, None where is_causal suffices
+    return name

@@ -1,0 +1,122 @@
+"""flashlab attention inside Hugging Face transformers models (flashlab.integrations.transformers):
+tiny Llama (GQA) and GPT-2 models built here from configs (nothing downloaded), padded on the
+left and on the right. The same weights run with transformers' "sdpa" and with flashlab's
+registered attention: logits on real tokens, every parameter's gradient, and greedy
+generate() with a KV cache must agree."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from flashlab.integrations.transformers import NAME, register  # noqa: E402
+
+TOL = 2e-5           # fp32 on CPU: both paths are exact fp32, they differ in summation order
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _llama():
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _gpt2():
+    config = transformers.GPT2Config(vocab_size=97, n_embd=64, n_layer=1, n_head=4, n_positions=64,
+                                     pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _batch(side: str, generator):
+    """Two sequences of lengths 9 and 5, padded to 9 on ``side``."""
+    ids = torch.randint(3, 97, (2, 9), generator=generator)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    if side == "left":
+        mask[1, :4] = 0
+    else:
+        mask[1, 5:] = 0
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+def _run(model, implementation, ids, mask):
+    model.set_attn_implementation(implementation)
+    model.zero_grad()
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)          # real tokens count from 0 either side
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    real = mask.bool()
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1][real[:, 1:] & real[:, :-1]],
+                                             ids[:, 1:][real[:, 1:] & real[:, :-1]])
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logits.detach()[real], grads
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama-gqa", "gpt2"])
+def test_logits_and_gradients_match_sdpa(build, side):
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    model = build().eval()
+    ids, mask = _batch(side, generator)
+    want_logits, want_grads = _run(model, "sdpa", ids, mask)
+    got_logits, got_grads = _run(model, register(), ids, mask)
+    assert model.config._attn_implementation == NAME
+    print(f"logits {_rel(got_logits, want_logits):.1e}", end=" ")
+    assert _rel(got_logits, want_logits) < TOL
+    assert got_grads.keys() == want_grads.keys() and len(got_grads) > 10
+    worst = max(_rel(got_grads[n], want_grads[n]) for n in want_grads)
+    print(f"worst gradient {worst:.1e}")
+    assert worst < 10 * TOL, worst
+
+
+def test_padding_reaches_the_attention():
+    """Without its mask function a custom attention would get attention_mask=None and attend to
+    padding: the padded sequence must give the same logits as that sequence alone."""
+    torch.manual_seed(0)
+    model = _llama().eval()
+    model.set_attn_implementation(register())
+    ids, mask = _batch("left", torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
+        alone = model(input_ids=ids[1:, 4:]).logits
+    assert _rel(padded[1, 4:], alone[0]) < TOL
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama-gqa", "gpt2"])
+def test_generate_with_a_kv_cache_gives_the_same_tokens(build):
+    torch.manual_seed(0)
+    model = build().eval()
+    ids, mask = _batch("left", torch.Generator().manual_seed(3))
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+    model.set_attn_implementation("sdpa")
+    want = model.generate(ids, **kwargs)
+    model.set_attn_implementation(register())
+    got = model.generate(ids, **kwargs)
+    assert got.shape == (2, 13)
+    assert torch.equal(got, want)
+
+
+def test_dropout_in_training_mode_reaches_the_kernel():
+    """A model in training mode passes its attention dropout: outputs change with the seed and
+    the same seed reproduces them."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, attention_dropout=0.5)
+    model = transformers.LlamaForCausalLM(config).train()
+    model.set_attn_implementation(register())
+    ids = torch.randint(3, 97, (1, 9))
+    runs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        runs.append(model(input_ids=ids).logits.detach())
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_names_with_flash_are_refused():
+    with pytest.raises(ValueError, match="flash"):
+        register("my_flashlab")
