@@ -139,7 +139,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         ran = sum(t in _outcome for t in ids)
         if state != "not run" and (_deselected[name] or name in _named_tests or ran < len(ids)):
             partial += 1
-            note = f"  (partial run: {ran} of its tests ran, the rest were not selected)"
+            note = f"  (partial run: only {ran} of its tests ran)"
         tr.write_line(f"  {name:<32} {state}{note}")
     line = (f"exercises: {counts['passed']} passed, {counts['failed']} failed, "
             f"{counts['not started']} not started")
