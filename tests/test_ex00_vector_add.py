@@ -41,6 +41,7 @@ def test_kernel_stores_nothing_past_the_end(exercise):
     n, block = 200, 128
     x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
     buffer = torch.full((2 * block,), 7.0, device=DEVICE)
+    exercise.vector_add(x, y, block=block)      # a stub launcher raises: "not started", not a failure
     exercise.add_kernel[(triton.cdiv(n, block),)](x, y, buffer, n, BLOCK=block)
     torch.testing.assert_close(buffer[:n], x + y, rtol=0, atol=0)
     assert (buffer[n:] == 7.0).all(), "the kernel wrote past element n − 1: mask the store with offsets < n"

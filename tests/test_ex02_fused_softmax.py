@@ -59,6 +59,7 @@ def test_kernel_stores_only_the_real_columns(exercise):
     columns 25..39 of every row must keep their value (the store is masked)."""
     x = torch.randn(5, 25, device=DEVICE)
     buffer = torch.full((5, 40), 7.0, device=DEVICE)
+    exercise.softmax(x)                         # a stub launcher raises: "not started", not a failure
     exercise.softmax_kernel[(5,)](x, buffer, 25, x.stride(0), buffer.stride(0), BLOCK=triton.next_power_of_2(25))
     assert (buffer[:, 25:] == 7.0).all(), "the kernel wrote columns ≥ n_cols: mask the store"
     assert_close(buffer[:, :25], torch.softmax(x.double(), -1), dtype=torch.float32)

@@ -41,6 +41,7 @@ def test_each_query_block_stops_at_its_own_diagonal(exercise):
     reading them gives NaN (0 · NaN in P V)."""
     block, n, d = exercise.BLOCK, 2 * exercise.BLOCK, 16
     q, k, v = (torch.randn(1, n, d, device=DEVICE) for _ in range(3))
+    exercise.flash_forward(q[None], k[None], v[None])   # a stub launcher raises: "not started", not a failure
     v[:, block:] = float("nan")
     out = torch.zeros(1, n, d, device=DEVICE)
     lse = torch.zeros(1, n, device=DEVICE)
