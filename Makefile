@@ -45,7 +45,7 @@ test-ex:
 IMPL ?= exercises
 progress:
 	$(NEED_VENV)
-	$(BIN)/python -m pytest -q --impl=$(IMPL) tests/test_ex*.py
+	$(BIN)/python -m pytest -q --impl=$(IMPL) tests/test_ex[0-9]*.py
 
 ## notebooks: re-execute every notebook in place, top to bottom, in a fresh kernel
 notebooks: install

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def all_exercises() -> list[str]:
 def _exercise_of_path(path) -> str | None:
     """tests/test_ex01_naive_attention.py -> ex01_naive_attention."""
     stem = Path(str(path)).stem
-    return stem[len("test_"):] if stem.startswith("test_ex") else None
+    return stem[len("test_"):] if re.match(r"test_ex\d", stem) else None
 
 
 def exercise_of(item) -> str | None:
