@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: install lab test notebooks clean
+.PHONY: install lab test test-ex progress notebooks clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,20 @@ lab: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest --impl=solutions
+
+## test-ex: one exercise's tests against your exercises/, e.g. make test-ex EX=03 (EX=03b for 03b)
+# These only need the venv to exist (make lab / make install made it); they never (re)install.
+NEED_VENV = @test -x $(BIN)/python || { echo "$(VENV)/: no virtual environment yet; run make install (or make lab) first"; exit 2; }
+test-ex:
+	$(NEED_VENV)
+	@ls tests/test_ex$(EX)_*.py >/dev/null 2>&1 || { echo "EX=$(EX): no tests/test_ex$(EX)_*.py; say e.g. make test-ex EX=03 (or EX=03b)"; exit 2; }
+	$(BIN)/python -m pytest -q tests/test_ex$(EX)_*.py
+
+## progress: every exercise's tests against your exercises/ (IMPL=solutions: the answers), then the table
+IMPL ?= exercises
+progress:
+	$(NEED_VENV)
+	$(BIN)/python -m pytest -q --impl=$(IMPL) tests/test_ex[0-9]*.py
 
 ## notebooks: re-execute every notebook in place, top to bottom, in a fresh kernel
 notebooks: install

@@ -4,20 +4,30 @@
   ``FLASHLAB_IMPL``, chooses where the exercise tests import from.
 - A test that hits ``NotImplementedError`` in your exercise is reported as "not
   started" (skipped), not as a crash.
-- Every run ends with one progress line per exercise and a total.
+- Every run that includes exercise tests ends with one progress line per exercise and a
+  total. An exercise whose tests this run did not include says "not run", and one whose
+  tests were only partly run (``-k``, ``::test_name``, ``-x`` stopping early) says so:
+  ``make progress`` runs every exercise's tests and prints the whole table.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parent
 IMPLEMENTATIONS = ("exercises", "solutions")
-_status: dict[str, list[str]] = {}
+WHOLE_TABLE_COMMAND = "make progress"
+
+_outcome: dict[str, str] = {}                                 # test id -> passed / failed / not started / skipped
+_collected: dict[str, list[str]] = defaultdict(list)          # exercise -> test ids this run selected
+_deselected: Counter = Counter()                              # exercise -> tests left out by -k / -m / --deselect
+_named_tests: set[str] = set()                                # exercises given as file::test on the command line
 
 
 def pytest_addoption(parser):
@@ -37,10 +47,14 @@ def all_exercises() -> list[str]:
     return sorted(p.stem for p in (ROOT / "exercises").glob("ex*.py"))
 
 
+def _exercise_of_path(path) -> str | None:
+    """tests/test_ex01_naive_attention.py -> ex01_naive_attention."""
+    stem = Path(str(path)).stem
+    return stem[len("test_"):] if re.match(r"test_ex\d", stem) else None
+
+
 def exercise_of(item) -> str | None:
-    """test_ex01_naive_attention.py -> ex01_naive_attention."""
-    stem = Path(str(item.fspath)).stem
-    return stem[len("test_"):] if stem.startswith("test_ex") else None
+    return _exercise_of_path(item.fspath)
 
 
 @pytest.fixture
@@ -56,6 +70,28 @@ def pytest_report_header(config):
     return f"flashlab exercises from: {selected_impl(config)}/"
 
 
+def pytest_configure(config):
+    for arg in config.args:                     # "tests/test_ex03_online_softmax.py::test_merge…"
+        path, sep, _ = str(arg).partition("::")
+        name = _exercise_of_path(path)
+        if sep and name:
+            _named_tests.add(name)
+
+
+def pytest_deselected(items):
+    for item in items:
+        name = exercise_of(item)
+        if name:
+            _deselected[name] += 1
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        name = exercise_of(item)
+        if name:
+            _collected[name].append(item.nodeid)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -67,37 +103,50 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "skipped"
         report.longrepr = (str(item.fspath), item.location[1] or 0,
                            f"not started: implement it in exercises/{name}.py")
-        _status.setdefault(name, []).append("not started")
-    elif report.when == "call" or report.outcome == "failed":
-        if report.when == "call" and report.outcome == "skipped":
-            return
-        _status.setdefault(name, []).append(report.outcome)
+        _outcome[item.nodeid] = "not started"
+    elif report.outcome == "failed":
+        _outcome[item.nodeid] = "failed"                      # setup, call or teardown
+    elif report.when == "call":
+        _outcome[item.nodeid] = report.outcome
+    elif report.outcome == "skipped":                         # skipped in setup (e.g. needs a GPU)
+        _outcome.setdefault(item.nodeid, "skipped")
 
 
-def _summarise(outcomes: list[str]) -> str:
-    if not outcomes:
+def exercise_state(test_ids: list[str], outcomes: dict[str, str]) -> str:
+    """passed / failed / in progress / not started / not run, from the outcomes of its tests."""
+    seen = [outcomes[t] for t in test_ids if t in outcomes]
+    if not seen:
         return "not run"
-    if "failed" in outcomes:
+    if "failed" in seen:
         return "failed"
-    if "not started" in outcomes:
-        return "in progress" if "passed" in outcomes else "not started"
-    return "passed"
+    if "not started" in seen:
+        return "in progress" if "passed" in seen else "not started"
+    return "passed" if "passed" in seen else "skipped"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     names = all_exercises()
-    if not names:
-        return
+    if not names or not _collected:
+        return                                  # a run without exercise tests prints no table
     tr = terminalreporter
     tr.section(f"exercise progress ({selected_impl(config)}/)")
-    counts: dict[str, int] = {}
+    counts: Counter = Counter()
+    partial = 0
     for name in names:
-        state = _summarise(_status.get(name, []))
-        counts[state] = counts.get(state, 0) + 1
-        tr.write_line(f"  {name:<32} {state}")
-    line = (f"exercises: {counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
-            f"{counts.get('not started', 0)} not started")
-    for extra in ("in progress", "not run"):
-        if counts.get(extra):
+        ids = _collected.get(name, [])
+        state = exercise_state(ids, _outcome)
+        counts[state] += 1
+        note = ""
+        ran = sum(t in _outcome for t in ids)
+        if state != "not run" and (_deselected[name] or name in _named_tests or ran < len(ids)):
+            partial += 1
+            note = f"  (partial run: only {ran} of its tests ran)"
+        tr.write_line(f"  {name:<32} {state}{note}")
+    line = (f"exercises: {counts['passed']} passed, {counts['failed']} failed, "
+            f"{counts['not started']} not started")
+    for extra in ("in progress", "skipped", "not run"):
+        if counts[extra]:
             line += f", {counts[extra]} {extra}"
     tr.write_line(line)
+    if counts["not run"] or partial:
+        tr.write_line(f"(this run did not include every exercise's tests: `{WHOLE_TABLE_COMMAND}` runs them all)")

@@ -3,7 +3,8 @@
 Write the kernel so that each program reads one row of x from HBM exactly once and
 writes one row of y exactly once, computing max, exp, sum and divide on chip.
 
-Test (runs in Triton's interpreter on a CPU): ``pytest tests/test_ex02_fused_softmax.py``
+Test (runs in Triton's interpreter on a CPU): ``make test-ex EX=02``
+(or ``.venv/bin/python -m pytest tests/test_ex02_fused_softmax.py``)
 """
 
 import torch

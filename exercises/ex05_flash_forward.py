@@ -4,7 +4,8 @@ Non-causal, Nq = Nk = N a multiple of the block size, contiguous inputs. Each pr
 BLOCK_M queries of one (batch, head): it loads Q_i once, streams every K_j, V_j block past
 it with the online softmax of notebook 03, and writes O_i and the log-sum-exp L_i once.
 
-Test (runs in Triton's interpreter on a CPU): ``pytest tests/test_ex05_flash_forward.py``
+Test (runs in Triton's interpreter on a CPU): ``make test-ex EX=05``
+(or ``.venv/bin/python -m pytest tests/test_ex05_flash_forward.py``)
 """
 
 import torch

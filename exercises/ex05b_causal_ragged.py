@@ -6,7 +6,7 @@ loads and stores are masked, masked keys get score −inf; (2) causal attention 
 sees keys 0..i, top-left like PyTorch): mask inside the diagonal tile, and do not visit
 key blocks that lie entirely past a query block's last query.
 
-Test: ``pytest tests/test_ex05b_causal_ragged.py``
+Test: ``make test-ex EX=05b`` (or ``.venv/bin/python -m pytest tests/test_ex05b_causal_ragged.py``)
 """
 
 import torch

@@ -13,7 +13,7 @@ Two kernels, each output tile written by exactly one program (no atomics, determ
 `dkdv_kernel` keeps K_j, V_j on chip and streams the query blocks; `dq_kernel` keeps Q_i,
 dO_i on chip and streams the key blocks.
 
-Test: ``pytest tests/test_ex06_flash_backward.py``
+Test: ``make test-ex EX=06`` (or ``.venv/bin/python -m pytest tests/test_ex06_flash_backward.py``)
 """
 
 import torch  # noqa: F401  (you will need it in flash_backward)

@@ -83,6 +83,23 @@ def farthest_insertion(coords: torch.Tensor) -> torch.Tensor:
     return tour
 
 
+def masked_glimpse(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visited: torch.Tensor,
+                   attention_fn=attention) -> torch.Tensor:
+    """The decoder's glimpse: each instance's context query ``(batch, heads, 1, d)`` attends
+    over its cities' keys and values ``(batch, heads, n, d)`` with the visited cities
+    (``visited (batch, n)``, True = visited) masked out; at least one city is unvisited."""
+    return attention_fn(query, keys, values, attn_mask=~visited[:, None, None, :])   # (batch, 1, 1, n) keep
+
+
+def pointer_log_probs(glimpse: torch.Tensor, logit_keys: torch.Tensor, visited: torch.Tensor,
+                      tanh_clip: float) -> torch.Tensor:
+    """log p(next city) ``(batch, n)`` in float32: one more single-head attention score,
+    u_j = C·tanh(glimpse · k_j / √d), with visited cities at −inf before the log-softmax."""
+    logits = torch.einsum("bd,bnd->bn", glimpse, logit_keys) / math.sqrt(glimpse.shape[-1])
+    logits = (tanh_clip * torch.tanh(logits)).masked_fill(visited, float("-inf"))
+    return F.log_softmax(logits.float(), dim=-1)
+
+
 class EncoderLayer(nn.Module):
     """Multi-head self-attention and a feed-forward layer, each with a skip connection and
     batch normalisation (Kool et al. §3.1)."""
@@ -154,12 +171,9 @@ class AttentionModel(nn.Module):
         tour, log_probs = [], []
         for _ in range(n):
             query = (graph + self.project_step(step_context)).view(batch, heads, 1, dim // heads)
-            keep = ~visited[:, None, None, :]                                      # (batch, 1, 1, n): unvisited
-            glimpse = self.attention_fn(query, glimpse_k, glimpse_v, attn_mask=keep)
+            glimpse = masked_glimpse(query, glimpse_k, glimpse_v, visited, self.attention_fn)
             glimpse = self.project_out(glimpse.transpose(1, 2).reshape(batch, dim))
-            logits = torch.einsum("bd,bnd->bn", glimpse, logit_k) / math.sqrt(dim)
-            logits = (self.tanh_clip * torch.tanh(logits)).masked_fill(visited, float("-inf"))
-            log_p = F.log_softmax(logits.float(), dim=-1)
+            log_p = pointer_log_probs(glimpse, logit_k, visited, self.tanh_clip)
             if trace is not None:
                 trace.append(log_p.detach().exp())
             city = log_p.argmax(1) if decode == "greedy" else torch.multinomial(log_p.exp(), 1).squeeze(1)

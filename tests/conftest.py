@@ -7,6 +7,10 @@ import random
 import pytest
 import torch
 
+# before any test module imports triton: flashlab turns on Triton's interpreter on a CPU-only
+# machine, and triton.language's own jit functions must be created after that
+import flashlab  # noqa: F401
+
 
 @pytest.fixture(autouse=True)
 def seed():

@@ -15,6 +15,16 @@ def test_scores_match_matmul(exercise):
     scores = exercise.attention_scores(q, k, 0.25)
     assert scores.shape == (2, 3, 17, 5)
     assert_close(scores, (q @ k.transpose(-1, -2)) * 0.25, what="scores")
+    assert exercise.attention_scores(q.float(), k.float(), 0.25).dtype == torch.float32, "scores in q's dtype"
+
+
+def test_value_width_may_differ(exercise):
+    """v may have its own width Dv: the output is (..., Nq, Dv); the default scale uses q's D."""
+    q, k = torch.randn(2, 7, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    v = torch.randn(2, 5, 3, dtype=torch.float64)
+    out = exercise.attention(q, k, v)
+    assert out.shape == (2, 7, 3)
+    assert_close(out, reference_attention(q, k, v))
 
 
 @pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (4, 4), (3, 7), (7, 3)])

@@ -3,6 +3,7 @@ interpreter (flashlab sets TRITON_INTERPRET=1 when no GPU is visible)."""
 
 import pytest
 import torch
+import triton
 
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close
@@ -35,3 +36,30 @@ def test_respects_row_stride(exercise):
     big = torch.randn(6, 40, device=DEVICE)
     x = big[:, :25]                 # rows 40 apart in memory, 25 long
     assert_close(exercise.softmax(x), torch.softmax(x.double(), -1), dtype=torch.float32)
+
+
+def test_subtracts_the_row_max(exercise):
+    """Scores near 500 overflow e^x in fp32 (e^89 is already inf): only a kernel that
+    subtracts the row max before tl.exp returns finite probabilities."""
+    x = torch.randn(3, 50, device=DEVICE) * 5 + 500
+    y = exercise.softmax(x)
+    assert torch.isfinite(y).all(), "subtract the row max before tl.exp"
+    assert_close(y, torch.softmax(x.double(), -1), dtype=torch.float32)
+
+
+def test_returns_a_new_tensor(exercise):
+    x = torch.randn(4, 30, device=DEVICE)
+    before = x.clone()
+    y = exercise.softmax(x)
+    assert y.data_ptr() != x.data_ptr() and torch.equal(x, before), "softmax must not overwrite x"
+
+
+def test_kernel_stores_only_the_real_columns(exercise):
+    """The kernel alone, writing rows of 25 columns into a buffer whose rows are 40 long:
+    columns 25..39 of every row must keep their value (the store is masked)."""
+    x = torch.randn(5, 25, device=DEVICE)
+    buffer = torch.full((5, 40), 7.0, device=DEVICE)
+    exercise.softmax(x)                         # a stub launcher raises: "not started", not a failure
+    exercise.softmax_kernel[(5,)](x, buffer, 25, x.stride(0), buffer.stride(0), BLOCK=triton.next_power_of_2(25))
+    assert (buffer[:, 25:] == 7.0).all(), "the kernel wrote columns ≥ n_cols: mask the store"
+    assert_close(buffer[:, :25], torch.softmax(x.double(), -1), dtype=torch.float32)

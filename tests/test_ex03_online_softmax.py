@@ -22,19 +22,37 @@ def test_update_streams_to_the_exact_statistics(exercise, cols, block):
     assert_close(m + torch.log(l), torch.logsumexp(x, -1), what="log-sum-exp")
 
 
+def _state(x):
+    """The exact state (m, l) of the columns x, built here in float64 (not with your
+    `update`, so a correct `merge` passes even while `update` is wrong)."""
+    m = x.amax(-1)
+    shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return m, torch.exp(x - shift[..., None]).sum(-1)
+
+
 def test_merge_of_any_split_is_the_whole(exercise):
     x = torch.randn(4, 90, dtype=torch.float64) * 3
     cut1, cut2 = sorted(torch.randint(1, 89, (2,)).tolist())
-    parts = [_stream(exercise, x[:, a:b], 7) for a, b in ((0, cut1), (cut1, cut2), (cut2, 90))]
+    parts = [_state(x[:, a:b]) for a, b in ((0, cut1), (cut1, cut2), (cut2, 90))]
     left_first = exercise.merge(*exercise.merge(*parts[0], *parts[1]), *parts[2])
     right_first = exercise.merge(*parts[0], *exercise.merge(*parts[1], *parts[2]))
-    whole = _stream(exercise, x, 90)
+    whole = _state(x)
     for got in (left_first, right_first):     # associativity: both groupings give the whole
         assert_close(got[0], whole[0], what="m")
         assert_close(got[1], whole[1], what="l")
     swapped = exercise.merge(*parts[1], *parts[0])   # commutativity
     direct = exercise.merge(*parts[0], *parts[1])
     assert_close(swapped[1], direct[1], what="l")
+
+
+def test_merge_with_an_empty_or_masked_part(exercise):
+    """Merging with the empty state changes nothing; a part whose columns are all −inf is empty."""
+    x = torch.randn(3, 10, dtype=torch.float64)
+    m, l = _state(x)  # noqa: E741
+    empty = (torch.full((3,), -torch.inf, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+    for got in (exercise.merge(m, l, *empty), exercise.merge(*empty, m, l)):
+        assert_close(got[0], m, what="m")
+        assert_close(got[1], l, what="l")
 
 
 def test_minus_infinity_and_empty_rows(exercise):

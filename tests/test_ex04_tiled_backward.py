@@ -14,11 +14,11 @@ def _forward(q, k, v, is_causal):
     if is_causal:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
         scores = scores.masked_fill(~keep, -torch.inf)
-    return out.to(q.dtype), torch.logsumexp(scores, -1).float()
+    return out.to(q.dtype), torch.logsumexp(scores, -1).to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("Nq,Nk,D", [(1, 1, 8), (17, 17, 16), (45, 20, 8), (20, 45, 8), (1000, 1000, 16)])
+@pytest.mark.parametrize("Nq,Nk,D", [(1, 1, 8), (17, 17, 16), (45, 20, 8), (20, 45, 8), (260, 260, 16)])
 def test_gradients_match_reference(exercise, Nq, Nk, D, is_causal):
     q, k, v = torch.randn(1, 2, Nq, D), torch.randn(1, 2, Nk, D), torch.randn(1, 2, Nk, D)
     out, lse = _forward(q, k, v, is_causal)
@@ -37,3 +37,26 @@ def test_never_forms_the_score_matrix(exercise):
     with LargestTensor() as largest:
         exercise.tiled_attention_backward(q, k, v, out, lse, torch.randn_like(out), block_m=32, block_n=32)
     assert largest.numel <= max(q.numel(), 2 * 32 * 32), f"found a tensor of shape {largest.shape}"
+
+
+def test_float64_gradients_stay_float64(exercise):
+    q, k, v = (torch.randn(1, 1, 40, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = _forward(q, k, v, True)
+    grad_out = torch.randn_like(out)
+    grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=True)
+    for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=True)):
+        assert got.dtype == torch.float64, f"d{name}: return gradients in the dtypes of q, k, v"
+        assert_close(got, want, dtype=torch.float64, what=f"d{name}")
+
+
+def test_recomputes_p_from_the_given_logsumexp(exercise):
+    """P = exp(S − lse) with the lse passed in: with lse + log 2 every P halves, and so does
+    every gradient (dS = P ∘ (dP − D) is linear in P). A backward that recomputes its own
+    normaliser instead of using lse does not halve."""
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = _forward(q, k, v, False)
+    grad_out = torch.randn_like(out)
+    full = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out)
+    halved = exercise.tiled_attention_backward(q, k, v, out, lse + torch.log(torch.tensor(2.0)), grad_out)
+    for name, a, b in zip("qkv", halved, full):
+        assert_close(a, b / 2, tol=1e-6, what=f"d{name} with lse + log 2")  # dS sums cancel: ~1e-9

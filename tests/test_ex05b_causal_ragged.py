@@ -33,3 +33,21 @@ def test_causal_skips_tiles_above_the_diagonal(exercise):
     out, _ = exercise.flash_forward(q, k, v, is_causal=True)
     assert torch.isfinite(out).all(), "the kernel read key tiles that causal masking makes useless"
     assert_close(out, reference_attention(q, k[:, :, :40], v[:, :, :40], is_causal=True), tol=TOL[torch.float32])
+
+
+def test_each_query_block_stops_at_its_own_diagonal(exercise):
+    """The kernel alone, only program 0 (queries 0..31) launched, 64 queries and keys:
+    it needs keys 0..31, so it must stop there, not at Nq or Nk. Keys 32..63 hold NaN in V:
+    reading them gives NaN (0 · NaN in P V)."""
+    block, n, d = exercise.BLOCK, 2 * exercise.BLOCK, 16
+    q, k, v = (torch.randn(1, n, d, device=DEVICE) for _ in range(3))
+    exercise.flash_forward(q[None], k[None], v[None])   # a stub launcher raises: "not started", not a failure
+    v[:, block:] = float("nan")
+    out = torch.zeros(1, n, d, device=DEVICE)
+    lse = torch.zeros(1, n, device=DEVICE)
+    exercise.flash_forward_kernel[(1, 1)](q, k, v, out, lse, n, n, d ** -0.5, HEAD_DIM=d, IS_CAUSAL=True,
+                                          BLOCK_M=block, BLOCK_N=block)
+    assert torch.isfinite(out[:, :block]).all(), \
+        "query block 0 read key blocks past its last query: stop at min(Nk, (start_m + 1)·BLOCK_M)"
+    want = reference_attention(q[None, :, :block], k[None, :, :block], v[None, :, :block], is_causal=True)
+    assert_close(out[None, :, :block], want, tol=TOL[torch.float32])

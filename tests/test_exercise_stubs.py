@@ -1,14 +1,22 @@
 """exercises/ must stay stubs for the learner; solutions/ must answer every stub with
-the same signature."""
+the same signature.
+
+These check the repository as shipped, so they run only in CI (``CI=true``, as CI services
+set it and ``.ci/run`` is run): a learner who has solved exercises, or added a helper of
+their own to one, still gets a green ``make test``.
+"""
 
 import ast
 import importlib
 import inspect
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parents[1]
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+pytestmark = pytest.mark.skipif(not IN_CI, reason="checks the shipped stubs; runs only in CI (CI=true)")
 EXERCISES = sorted(p.stem for p in (ROOT / "exercises").glob("ex*.py"))
 
 

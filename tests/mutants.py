@@ -1,0 +1,189 @@
+"""Mutation check of the exercise tests: each plausible wrong answer below is written into
+a copy of the reference answer, placed in exercises/ of a temporary copy of the repository,
+and that exercise's tests are run against it. Every mutant must be caught (some test
+fails); the reference answer itself must pass. Not collected by pytest (no test_ prefix).
+
+    python tests/mutants.py                    # every exercise, writes tests/MUTATIONS.md
+    python tests/mutants.py ex03b_tiled_forward ex09_decoder_step   # only these, prints the table
+    python tests/mutants.py -x …               # stop each run at its first failing test (faster)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+# (exercise, the wrong answer in words, text of the reference answer, what replaces it)
+MUTANTS = [
+    ("ex00_vector_add", "grid of n // block programs (the ragged tail is never written)",
+     "(triton.cdiv(n, block),)", "(max(1, n // block),)"),
+    ("ex00_vector_add", "store without the mask", "tl.store(out_ptr + offsets, x + y, mask=inside)",
+     "tl.store(out_ptr + offsets, x + y)"),
+    ("ex00_vector_add", "subtracts instead of adds", "x + y, mask=inside", "x - y, mask=inside"),
+    ("ex00_vector_add", "no check of y's shape", "    if y.shape != x.shape:\n", "    if False:\n"),
+    ("ex01_naive_attention", "causal mask bottom-right aligned",
+     ".tril()", ".tril(diagonal=n_keys - n_queries)"),
+    ("ex01_naive_attention", "scores not scaled", "q, k) * scale", "q, k)"),
+    ("ex01_naive_attention", "default scale 1/D instead of 1/√D", "q.shape[-1] ** -0.5", "q.shape[-1] ** -1.0"),
+    ("ex01_naive_attention", "softmax over the query axis", "softmax(scores, dim=-1)", "softmax(scores, dim=-2)"),
+    ("ex02_fused_softmax", "no row max subtracted", "e = tl.exp(x - m)", "e = tl.exp(x)"),
+    ("ex02_fused_softmax", "padding columns loaded as 0, not −inf", 'other=-float("inf")', "other=0.0"),
+    ("ex02_fused_softmax", "a fully −inf row gives NaN", '    m = tl.where(m == -float("inf"), 0.0, m)\n', ""),
+    ("ex02_fused_softmax", "store without the mask", "y.to(y_ptr.dtype.element_ty), mask=inside)",
+     "y.to(y_ptr.dtype.element_ty))"),
+    ("ex03_online_softmax", "update forgets to rescale the old sum", "return m_new, l * torch.exp(m - s) +",
+     "return m_new, l +"),
+    ("ex03_online_softmax", "update: NaN when every value so far is −inf",
+     "    s = _shift(m_new)\n    return m_new", "    s = m_new\n    return m_new"),
+    ("ex03_online_softmax", "merge does not rescale the second state", "+ l_b * torch.exp(m_b - s)", "+ l_b"),
+    ("ex03_online_softmax", "merge: NaN for two empty states", "    s = _shift(m)\n    return m, l_a",
+     "    s = m\n    return m, l_a"),
+    ("ex03b_tiled_forward", "causal, but never skips key blocks above the diagonal",
+     "last_key = min(n_k, i + rows) if is_causal else n_k", "last_key = n_k"),
+    ("ex03b_tiled_forward", "causal skip at Nq for every query block (not per block)",
+     "last_key = min(n_k, i + rows) if is_causal else n_k", "last_key = min(n_k, n_q) if is_causal else n_k"),
+    ("ex03b_tiled_forward", "accumulator not rescaled by e^(m − m')", "acc = acc * alpha[..., None] +", "acc = acc +"),
+    ("ex03b_tiled_forward", "lse in q's dtype", "lse = torch.empty(q.shape[:-1], dtype=acc_dtype",
+     "lse = torch.empty(q.shape[:-1], dtype=q.dtype"),
+    ("ex03b_tiled_forward", "whole rows of keys at once (an Nq-block × Nk tensor)",
+     "for j in range(0, last_key, block_n):\n            s = qi @ k[..., j:j + block_n, :]",
+     "for j in range(0, last_key, last_key):\n            block_n = last_key\n"
+     "            s = qi @ k[..., j:j + block_n, :]"),
+    ("ex04_tiled_backward", "dS without D_i", "- delta[..., i:i + block_m, None])", ")"),
+    ("ex04_tiled_backward", "dK without the scale", "ds.transpose(-1, -2) @ qi * scale", "ds.transpose(-1, -2) @ qi"),
+    ("ex04_tiled_backward", "P from its own softmax, not from the given lse",
+     "p = torch.exp(s - lse[..., i:i + block_m, None])", "p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))"),
+    ("ex04_tiled_backward", "causal tiles skipped but the diagonal tile not masked",
+     "                s = s.masked_fill(kj_idx > qi_idx, -torch.inf)\n", "                pass\n"),
+    ("ex04_tiled_backward", "gradients returned in float32", "return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)",
+     "return dq.float(), dk.float(), dv.float()"),
+    ("ex05_flash_forward", "no running max (e^S overflows)", "m_new = tl.maximum(m_i, tl.max(s, 1))",
+     "m_new = tl.zeros([BLOCK_M], tl.float32)"),
+    ("ex05_flash_forward", "lse in log base 2", "m_i + tl.log(l_i)", "m_i + tl.log2(l_i)"),
+    ("ex05_flash_forward", "accumulator not rescaled", "acc = acc * alpha[:, None] +", "acc = acc +"),
+    ("ex05_flash_forward", "scale ignored", "scale = 1.0 / math.sqrt(D) if scale is None else scale",
+     "scale = 1.0 / math.sqrt(D)"),
+    ("ex05_flash_forward", "no error for N not a multiple of BLOCK", "    if N % BLOCK:\n", "    if False:\n"),
+    ("ex05b_causal_ragged", "causal, but never skips key blocks",
+     "hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)", "hi = n_k"),
+    ("ex05b_causal_ragged", "causal stop at Nq for every query block (not per block)",
+     "hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)", "hi = tl.minimum(n_k, n_q)"),
+    ("ex05b_causal_ragged", "keys past Nk not set to −inf", 's = tl.where(valid, s, -float("inf"))', "s = s"),
+    ("ex05b_causal_ragged", "causal mask excludes the diagonal", "cols[None, :] <= offs_m[:, None]",
+     "cols[None, :] < offs_m[:, None]"),
+    ("ex06_flash_backward", "dK not multiplied by the scale", "(dk * scale).to(DK.dtype.element_ty)",
+     "dk.to(DK.dtype.element_ty)"),
+    ("ex06_flash_backward", "dS without D_i (both passes)", "ds = p * (dp - delta[:, None])", "ds = p * dp"),
+    ("ex06_flash_backward", "dK/dV pass visits every query block (causal)",
+     "lo = (start_n // BLOCK_M) * BLOCK_M", "lo = 0"),
+    ("ex06_flash_backward", "dQ pass visits every key block (causal)",
+     "hi = tl.minimum(n_k, start_m + BLOCK_M)", "hi = n_k"),
+    ("ex08_loss_scaler", "scale grows one step late", "if growth_tracker == growth_interval:",
+     "if growth_tracker > growth_interval:"),
+    ("ex08_loss_scaler", "unscale multiplies by the scale", "p.grad.mul_(inv)", "p.grad.mul_(scale)"),
+    ("ex08_loss_scaler", "steps even when a gradient overflowed", "    if not found_inf:\n        optimizer.step()",
+     "    if True:\n        optimizer.step()"),
+    ("ex08_loss_scaler", "NaN gradients not detected", "not bool(torch.isfinite(p.grad).all())",
+     "bool(torch.isinf(p.grad).any())"),
+    ("ex08b_autocast_step", "clips before unscaling",
+     "        scaler.unscale_(optimizer)" + " " * 34 + "# before clipping: clip true gradients\n", ""),
+    ("ex08b_autocast_step", "steps on inf without a scaler", "    elif not skipped:\n", "    else:\n"),
+    ("ex08b_autocast_step", "no autocast for bf16-mixed", '"bf16-mixed": torch.bfloat16', '"bf16-mixed": None'),
+    ("ex08b_autocast_step", "no error for 16-mixed without a scaler",
+     '    if precision == "16-mixed" and scaler is None:\n', "    if False:\n"),
+    ("ex09_decoder_step", "glimpse masks the unvisited cities instead", "masked_fill(visited[:, None, None, :]",
+     "masked_fill(~visited[:, None, None, :]"),
+    ("ex09_decoder_step", "glimpse without the mask",
+     '    scores = scores.masked_fill(visited[:, None, None, :], float("-inf"))                # visited: weight 0\n',
+     ""),
+    ("ex09_decoder_step", "glimpse scaled by 1/√n (cities) instead of 1/√d",
+     "/ math.sqrt(query.shape[-1])", "/ math.sqrt(keys.shape[-2])"),
+    ("ex09_decoder_step", "pointer without the tanh clip", "(tanh_clip * torch.tanh(logits))", "logits"),
+    ("ex09_decoder_step", "pointer returns probabilities, not log-probabilities",
+     "torch.log_softmax(logits.float(), dim=-1)", "torch.softmax(logits.float(), dim=-1)"),
+    ("ex09b_rollout_baseline", "population standard deviation (divisor n)", "sd = d.std().item()",
+     "sd = d.std(correction=0).item()"),
+    ("ex09b_rollout_baseline", "two-sided p-value", "return t, student_t_cdf(t, n - 1)",
+     "return t, 2 * min(student_t_cdf(t, n - 1), 1 - student_t_cdf(t, n - 1))"),
+    ("ex09b_rollout_baseline", "n degrees of freedom instead of n − 1", "student_t_cdf(t, n - 1)",
+     "student_t_cdf(t, n)"),
+    ("ex09b_rollout_baseline", "statistics in the inputs' dtype", "d = (a - b).double()", "d = a - b"),
+    ("ex09b_rollout_baseline", "p = 0 for identical samples", "if d.mean() < 0 else", "if d.mean() <= 0 else"),
+]
+
+
+def _environment(repo: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASHLAB_IMPL", "CI")}
+    env["PYTHONPATH"] = str(repo)
+    return env
+
+
+FIRST_FAILURE: list[str] = []
+
+
+def _run(repo: Path, exercise: str) -> tuple[int, list[str], float]:
+    """Runs exercise's tests against exercises/ in ``repo``; returns rc, failed test names, seconds."""
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+                             "--impl=exercises", *FIRST_FAILURE, f"tests/test_{exercise}.py"],
+                            cwd=repo, capture_output=True, text=True, env=_environment(repo))
+    failed = sorted({re.sub(r"\[.*", "", m) for m in re.findall(r"^FAILED \S+::(\S+)", result.stdout, re.M)})
+    return result.returncode, failed, time.monotonic() - start
+
+
+def main(only: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not only or m[0] in only]
+    rows, problems = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "results",
+                                                                  "checkpoints"))
+        for exercise in sorted({m[0] for m in chosen}):
+            answer = (ROOT / "solutions" / f"{exercise}.py").read_text()
+            target = repo / "exercises" / f"{exercise}.py"
+            target.write_text(answer)
+            rc, failed, seconds = _run(repo, exercise)
+            if rc != 0:
+                problems.append(f"{exercise}: the reference answer fails {failed}")
+            print(f"{exercise}: reference answer {'passes' if rc == 0 else 'FAILS'} ({seconds:.0f} s)", flush=True)
+            for _, wrong, old, new in (m for m in chosen if m[0] == exercise):
+                if old not in answer:
+                    problems.append(f"{exercise}: mutant '{wrong}' does not apply")
+                    continue
+                target.write_text(answer.replace(old, new))
+                rc, failed, seconds = _run(repo, exercise)
+                caught = ", ".join(f"`{f}`" for f in failed) if failed else (
+                    "**not caught**" if rc == 0 else f"the test process dies (exit {rc})")
+                if rc == 0:
+                    problems.append(f"{exercise}: mutant '{wrong}' passes every test")
+                rows.append(f"| {exercise} | {wrong} | {caught} |")
+                print(rows[-1], flush=True)
+            target.write_text((ROOT / "exercises" / f"{exercise}.py").read_text())
+    table = "\n".join(["| exercise | wrong answer | tests that fail |", "|---|---|---|", *rows])
+    if not only:
+        (ROOT / "tests" / "MUTATIONS.md").write_text(
+            "# Mutation check of the exercise tests\n\n"
+            "Each row is a plausible wrong answer written into a copy of the reference answer and run\n"
+            "against that exercise's tests (`python tests/mutants.py` regenerates this file). Every one\n"
+            "is caught; the reference answers pass. ex07 (the autotuner) is checked by its own tests' authors.\n\n"
+            + table + "\n")
+    print("\n" + table)
+    for p in problems:
+        print("PROBLEM:", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if "-x" in args:
+        args.remove("-x")
+        FIRST_FAILURE.append("-x")
+    sys.exit(main(args))

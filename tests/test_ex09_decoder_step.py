@@ -1,0 +1,109 @@
+"""Tests for exercise 09 (the TSP decoder's masked glimpse and pointer), against a float64
+reference, the package's `flashlab.tsp` functions, and the whole model decoding with yours."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlab import assert_close, tsp
+
+
+def _visited(batch, n):
+    """Random visited sets with at least one unvisited city per instance."""
+    visited = torch.rand(batch, n) < 0.5
+    visited[torch.arange(batch), torch.randint(0, n, (batch,))] = False
+    return visited
+
+
+def _glimpse_float64(query, keys, values, visited):
+    q, k, v = query.double(), keys.double(), values.double()
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(visited[:, None, None, :], -torch.inf), dim=-1)
+    return weights @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,heads,n,d", [(1, 1, 1, 4), (3, 8, 7, 16), (5, 2, 50, 8)])
+def test_glimpse_matches_float64_and_the_package(exercise, batch, heads, n, d, dtype):
+    query = torch.randn(batch, heads, 1, d, dtype=dtype) * 2
+    keys, values = (torch.randn(batch, heads, n, d, dtype=dtype) for _ in range(2))
+    visited = _visited(batch, n)
+    out = exercise.masked_glimpse(query, keys, values, visited)
+    assert out.shape == (batch, heads, 1, d) and out.dtype == dtype
+    assert_close(out, _glimpse_float64(query, keys, values, visited), dtype=dtype)
+    package = tsp.masked_glimpse(query, keys, values, visited, F.scaled_dot_product_attention)
+    assert_close(out, package.double(), dtype=dtype, what="against flashlab.tsp.masked_glimpse")
+
+
+def test_glimpse_ignores_visited_cities(exercise):
+    """Whatever the visited cities' keys and values hold, the glimpse is the same."""
+    query = torch.randn(2, 4, 1, 8, dtype=torch.float64)
+    keys, values = (torch.randn(2, 4, 12, 8, dtype=torch.float64) for _ in range(2))
+    visited = _visited(2, 12)
+    before = exercise.masked_glimpse(query, keys, values, visited)
+    keys2, values2 = keys.clone(), values.clone()
+    keys2[visited[:, None, :].expand(2, 4, 12)] = 50.0          # huge scores, if they were not masked
+    values2[visited[:, None, :].expand(2, 4, 12)] = 1e6
+    assert_close(exercise.masked_glimpse(query, keys2, values2, visited), before,
+                 what="glimpse after changing visited cities")
+
+
+def test_one_city_left_is_its_value(exercise):
+    query = torch.randn(3, 2, 1, 8, dtype=torch.float64)
+    keys, values = (torch.randn(3, 2, 6, 8, dtype=torch.float64) for _ in range(2))
+    visited = torch.ones(3, 6, dtype=torch.bool)
+    last = torch.tensor([0, 5, 2])
+    visited[torch.arange(3), last] = False
+    out = exercise.masked_glimpse(query, keys, values, visited)
+    assert_close(out[:, :, 0], values[torch.arange(3), :, last], what="the only unvisited city's value")
+
+
+def _pointer_float64(glimpse, logit_keys, visited, clip):
+    u = (logit_keys.double() @ glimpse.double()[:, :, None])[..., 0] / math.sqrt(glimpse.shape[-1])
+    return torch.log_softmax((clip * torch.tanh(u)).masked_fill(visited, -torch.inf), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,n,dim,clip", [(1, 1, 8, 10.0), (4, 20, 32, 10.0), (3, 9, 16, 2.5)])
+def test_pointer_matches_float64_and_the_package(exercise, batch, n, dim, clip, dtype):
+    glimpse = torch.randn(batch, dim, dtype=dtype) * 4     # raw scores of several units: the clip matters
+    logit_keys = torch.randn(batch, n, dim, dtype=dtype)
+    visited = _visited(batch, n)
+    log_p = exercise.pointer_log_probs(glimpse, logit_keys, visited, clip)
+    assert log_p.shape == (batch, n) and log_p.dtype == torch.float32
+    assert torch.isneginf(log_p[visited]).all(), "a visited city must get log p = −inf (probability 0)"
+    assert_close(log_p.exp().double().sum(-1), torch.ones(batch, dtype=torch.float64), dtype=torch.float32,
+                 what="probabilities summed over cities")
+    want = _pointer_float64(glimpse, logit_keys, visited, clip)
+    assert_close(log_p[~visited], want[~visited], dtype=torch.float32, what="log p of unvisited cities")
+    package = tsp.pointer_log_probs(glimpse, logit_keys, visited, clip)
+    assert_close(log_p[~visited], package[~visited].double(), dtype=torch.float32,
+                 what="against flashlab.tsp.pointer_log_probs")
+
+
+def test_pointer_clips_with_tanh(exercise):
+    """Any two unvisited cities' log-probabilities differ by at most 2C, however large the scores."""
+    glimpse, logit_keys = torch.randn(2, 16) * 100, torch.randn(2, 10, 16)
+    visited = torch.zeros(2, 10, dtype=torch.bool)
+    log_p = exercise.pointer_log_probs(glimpse, logit_keys, visited, 3.0)
+    spread = log_p.amax(-1) - log_p.amin(-1)
+    assert (spread <= 6.0 + 1e-4).all(), f"log-probabilities spread {spread.tolist()} > 2C = 6: clip with C·tanh"
+
+
+def test_the_model_decodes_the_same_with_your_step(exercise, monkeypatch):
+    """AttentionModel.forward calls flashlab.tsp.masked_glimpse and pointer_log_probs: with
+    yours in their place, greedy tours and their log-probabilities are the package's."""
+    torch.manual_seed(0)
+    model = tsp.AttentionModel(embed_dim=16, n_heads=2, n_layers=1, ff_dim=32,
+                               attention_fn=F.scaled_dot_product_attention).eval()
+    coords = tsp.random_instances(3, 9, seed=5)
+    with torch.no_grad():
+        tours, log_p = model(coords)
+        monkeypatch.setattr(tsp, "masked_glimpse", lambda q, k, v, visited, attention_fn: exercise.masked_glimpse(
+            q, k, v, visited))
+        monkeypatch.setattr(tsp, "pointer_log_probs", exercise.pointer_log_probs)
+        my_tours, my_log_p = model(coords)
+    assert torch.equal(my_tours, tours)
+    assert_close(my_log_p, log_p, dtype=torch.float32, what="tour log-probabilities")
