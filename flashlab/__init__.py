@@ -41,6 +41,7 @@ from .reference import (
 from .tiled import tiled_attention
 from .flash_attention import MultiHeadAttention, attention
 from .decode import decode_attention
+from .varlen import varlen_attention
 
 __version__ = "0.1.0"
 
@@ -68,4 +69,5 @@ __all__ = [
     "rel_error",
     "runtime",
     "tiled_attention",
+    "varlen_attention",
 ]
