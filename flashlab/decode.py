@@ -19,6 +19,8 @@ from .checks import default_scale
 from .decode_triton import decode_merge_kernel, decode_split_kernel
 from .flash_launch import MAX_HEAD_DIM, _block_d, _cdiv
 from .flash_triton import LOG2E
+from .memory import dtype_bytes
+from .traffic import Step
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
@@ -71,6 +73,26 @@ def choose_num_splits(programs_without_split: int, max_seqlen_cache: int, block_
     wanted = math.ceil(2 * num_sms / max(1, programs_without_split))
     tiles = _cdiv(max(1, max_seqlen_cache), block_n)
     return max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+
+
+def decode_traffic(batch, seqlen_q, heads, heads_k, head_dim, cache_len, dtype=torch.float16,
+                   num_splits=1) -> list[Step]:
+    """Bytes one `decode_attention` call moves through HBM (lower bound, every cache row read once):
+    Q in and O out; K and V of every cached token, once per kv head (the group's query rows share
+    the read); with splits, each split's fp32 partial (O_s, L_s) written and read back by the merge."""
+    b = dtype_bytes(dtype)
+    rows = batch * seqlen_q * heads
+    steps = [Step("read Q, write O", rows * head_dim * b, rows * head_dim * b),
+             Step("read K, V cache", 2 * batch * cache_len * heads_k * head_dim * b, 0)]
+    if num_splits > 1:
+        partial = rows * num_splits * (head_dim + 1) * 4
+        steps.append(Step("split partials (O_s, L_s), fp32", partial, partial))
+    return steps
+
+
+def decode_flops(batch, seqlen_q, heads, head_dim, cache_len) -> int:
+    """FLOPs of a decode step: S = Q Kᵀ and O = P V, 2·D multiply-adds each per (query, key) pair."""
+    return 4 * batch * seqlen_q * heads * cache_len * head_dim
 
 
 def _fail(argument: str, problem: str, fix: str) -> None:

@@ -33,25 +33,28 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class RepeatedPatternDocuments:
-    """Documents with lengths uniform in 1 .. 2·mean_len − 1 (mean ``mean_len``, at most
-    ``max_len``); document d repeats a random pattern of ``period`` tokens (2 ≤ period ≤
-    ``max_period``) drawn from ``vocab_size`` tokens."""
+    """Documents of random lengths L = ⌈max_len · u^k⌉ (u uniform in (0, 1), k = 1/mean_fraction − 1),
+    so E[L] ≈ mean_fraction · max_len (E[u^k] = 1/(k + 1)) and the longest of a batch is near
+    max_len: mostly short documents and a few long ones, like real corpora. Document d repeats a
+    random pattern of ``period`` tokens (2 ≤ period ≤ ``max_period``) from ``vocab_size`` tokens."""
 
     max_len: int = 256
-    mean_len: int = 64
+    mean_fraction: float = 0.25
     vocab_size: int = 64
     max_period: int = 8
 
     def __post_init__(self):
-        if not (1 <= self.mean_len and 2 * self.mean_len - 1 <= self.max_len):
-            raise ValueError(f"mean_len: {self.mean_len} needs 1 ≤ mean_len and 2·mean_len − 1 ≤ max_len="
-                             f"{self.max_len} (lengths are uniform in 1 .. 2·mean_len − 1).")
+        if not (0 < self.mean_fraction <= 1 and self.max_len >= 1):
+            raise ValueError(f"mean_fraction: {self.mean_fraction} must lie in (0, 1] (mean length / max_len), "
+                             f"and max_len ≥ 1 (got {self.max_len}).")
         if self.max_period < 2 or self.vocab_size < 2:
             raise ValueError("max_period and vocab_size: need at least 2 each.")
 
     def documents(self, n: int, generator: torch.Generator) -> list[torch.Tensor]:
         """``n`` documents (1-D int64 tensors of random lengths)."""
-        lengths = torch.randint(1, 2 * self.mean_len, (n,), generator=generator)
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        exponent = 1 / self.mean_fraction - 1
+        lengths = (self.max_len * u ** exponent).ceil().clamp(1, self.max_len).long()
         docs = []
         for length in lengths.tolist():
             period = int(torch.randint(2, self.max_period + 1, (), generator=generator))

@@ -9,6 +9,8 @@ from flashlab import assert_close
 from flashlab.decode import (
     choose_num_splits,
     decode_attention,
+    decode_flops,
+    decode_traffic,
     reference_decode_attention,
 )
 
@@ -140,6 +142,19 @@ def test_split_heuristic():
     # a short cache cannot be split finer than its tiles allow
     assert choose_num_splits(1, 100, 64, 132) == 1
     assert choose_num_splits(1, 64 * 10, 64, 132) == 5
+
+
+def test_decode_traffic_is_the_cache():
+    steps = decode_traffic(1, 1, 8, 8, 128, 65536, torch.float16)
+    cache = next(s for s in steps if "cache" in s.name)
+    assert cache.total == 2 * 65536 * 8 * 128 * 2
+    # one query per kv head at fp16: 4·D FLOPs per key against 2·2·D bytes of K and V: 1 FLOP/byte
+    intensity = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in steps)
+    assert 0.99 < intensity < 1.0
+    # a group of 8 q heads shares each K/V read: 8× the intensity
+    grouped = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in decode_traffic(1, 1, 8, 1, 128, 65536))
+    assert 7.9 < grouped < 8.0
+    assert len(decode_traffic(1, 1, 8, 8, 128, 65536, num_splits=4)) == 3
 
 
 def test_bad_inputs_raise_clear_errors():

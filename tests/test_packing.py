@@ -38,16 +38,16 @@ def test_pack_pad_and_targets():
 
 
 def test_documents_have_random_lengths_with_the_asked_mean():
-    task = RepeatedPatternDocuments(max_len=256, mean_len=64)
-    docs = task.documents(400, torch.Generator().manual_seed(0))
+    task = RepeatedPatternDocuments(max_len=256, mean_fraction=0.25)
+    docs = task.documents(2000, torch.Generator().manual_seed(0))
     lengths = torch.tensor([len(d) for d in docs], dtype=torch.float64)
-    assert lengths.min() >= 1 and lengths.max() <= 127
-    assert abs(lengths.mean().item() - 64) < 6
+    assert lengths.min() >= 1 and lengths.max() == 256
+    assert abs(lengths.mean().item() / 256 - 0.25) < 0.02
     d = docs[0]
     period = next(p for p in range(2, 9) if len(d) <= p or torch.equal(d[p:], d[:-p]))
     assert period <= 8, "a document repeats its pattern"
-    with pytest.raises(ValueError, match="mean_len"):
-        RepeatedPatternDocuments(max_len=64, mean_len=40)
+    with pytest.raises(ValueError, match="mean_fraction"):
+        RepeatedPatternDocuments(max_len=64, mean_fraction=0)
 
 
 def test_packed_forward_equals_each_document_alone():
