@@ -18,7 +18,6 @@ from flashlab.packing import (
     training_throughput,
 )
 
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-5 if DEVICE == "cpu" else 3e-3      # the GPU's float32 attention runs its products in TF32
 
