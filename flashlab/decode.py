@@ -37,11 +37,13 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.device.type == "cuda"
 
 
-def decode_block_sizes(device_is_gpu: bool) -> dict:
-    """Key-tile size and launch options: 64-key tiles pipelined 3 deep on the GPU; in the
-    interpreter larger tiles and fewer programs run faster (its cost is per program and per op)."""
+def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
+    """Key-tile size and launch options: 64-key tiles pipelined 3 deep on a GPU with Hopper's 228 KB
+    of shared memory per SM at D ≤ 128 (2 deep otherwise, to fit); in the interpreter larger tiles
+    and fewer programs run faster (its cost is per program and per op)."""
     if device_is_gpu:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+        roomy = torch.cuda.get_device_capability()[0] >= 9 and head_dim <= 128
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3 if roomy else 2)
     return dict(BLOCK_N=32)
 
 
@@ -198,7 +200,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     group = heads // heads_k
     scale = default_scale(head_dim, scale)
     gpu = _on_gpu(q)
-    meta = decode_block_sizes(gpu)
+    meta = decode_block_sizes(gpu, head_dim)
     block_m = stacked_rows_block(seqlen_q, group)
     row_blocks = _cdiv(seqlen_q * group, block_m)
     max_len = int(cache_seqlens.max()) if batch else 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import autotune
 from .checks import default_scale
 from .decode import launch
 from .flash_launch import MAX_HEAD_DIM, PREPROCESS_BLOCK, _block_d, _cdiv, _precision
@@ -22,15 +23,15 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
-    """Tile sizes and launch options per kernel. GPU: 128×64 forward tiles, 64×64 backward;
-    interpreter: 16×16 tiles (its cost is per op; small tiles also show the skipping)."""
+    """Tile sizes and launch options per kernel. On a GPU: the default (first) configuration of
+    `flashlab.autotune` for this GPU generation and head dimension, the tiles measured best for
+    the dense kernels of notebooks 05-06 (e.g. 128×64 forward, 64×64 backward at D ≤ 128 on an
+    H200). In the interpreter: 16×16 tiles (its cost is per op; small tiles also show the skipping)."""
     if not device_is_gpu:
         tiles = dict(BLOCK_M=16, BLOCK_N=16)
         return {"forward": tiles, "dkdv": tiles, "dq": tiles}
-    warps = 8 if head_dim > 64 else 4
-    return {"forward": dict(BLOCK_M=128, BLOCK_N=64, num_warps=warps, num_stages=3),
-            "dkdv": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-            "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)}
+    capability = torch.cuda.get_device_capability()
+    return {kernel: autotune.candidates(kernel, head_dim, capability)[0].kwargs() for kernel in autotune.KERNELS}
 
 
 def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
