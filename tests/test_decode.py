@@ -179,3 +179,13 @@ def test_bad_inputs_raise_clear_errors():
         decode_attention(q, k, v, ok, block_table=torch.full((2, 2), 5, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="k_cache"):
         decode_attention(q, k.double(), v, ok)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's tile configurations per head dimension")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_dims_on_gpu(head_dim):
+    lengths = [3000, 1, 0]
+    k, v, table = _paged(lengths, 256, heads_k=2, head_dim=head_dim, dtype=torch.float16)
+    q = torch.randn(3, 2, 8, head_dim, dtype=torch.float16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table), dtype=torch.float16)

@@ -165,3 +165,16 @@ def test_bad_inputs_raise_clear_errors():
         varlen_attention(q, k[:, :1].expand(12, 1, 16)[:, :, :8], v, cu, cu, n, n)
     with pytest.raises(ValueError, match="k"):
         varlen_attention(torch.randn(12, 3, 16, device=DEVICE), k, v, cu, cu, n, n)   # 2 kv heads, 3 q heads
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's tile configurations per head dimension")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_dims_on_gpu(head_dim):
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([300, 1, 517], 4, 2, head_dim=head_dim, dtype=torch.float16)
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True, window=(100, 0))
+    ref = reference_varlen_attention(q, k, v, cu_q, cu_k, is_causal=True, window=(100, 0))
+    assert_close(out, ref, dtype=torch.float16)
+    grad = torch.randn_like(out)
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad),
+                          torch.autograd.grad(ref, (q, k, v), grad.double())):
+        assert_close(g, w, tol=2 * 3e-3, what=name)
