@@ -40,6 +40,8 @@ from .reference import (
 )
 from .tiled import tiled_attention
 from .flash_attention import MultiHeadAttention, attention
+from .decode import decode_attention
+from .varlen import varlen_attention
 
 __version__ = "0.1.0"
 
@@ -53,6 +55,7 @@ __all__ = [
     "assert_close",
     "causal_keep_mask",
     "check_attention_inputs",
+    "decode_attention",
     "format_bytes",
     "fused_softmax",
     "largest_seq_len",
@@ -66,4 +69,5 @@ __all__ = [
     "rel_error",
     "runtime",
     "tiled_attention",
+    "varlen_attention",
 ]

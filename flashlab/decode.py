@@ -1,0 +1,266 @@
+"""`decode_attention`: attention of a few new query tokens against a KV cache, contiguous or
+paged, split over the keys and merged (flash-decoding), with the layouts and argument meanings
+of FlashAttention's ``flash_attn_with_kvcache``, so code can switch between the two.
+
+Why split: with seqlen_q = 1 a (batch, kv head) pair is one small tile of work per key block;
+batch·heads_k programs may be far fewer than the GPU has SMs, and then most of the HBM bandwidth
+sits idle. Cutting each cache into ``num_splits`` key ranges multiplies the programs; the
+merge kernel then combines the partial (O, log-sum-exp) pairs exactly (notebook 03's merge).
+The kernels are in `flashlab.decode_triton`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .checks import default_scale
+from .decode_triton import decode_merge_kernel, decode_split_kernel
+from .flash_launch import MAX_HEAD_DIM, _block_d, _cdiv
+from .flash_triton import LOG2E
+from .memory import dtype_bytes
+from .traffic import Step
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
+MIN_TILES_PER_SPLIT = 2   # a split must stream a few key tiles to pay for its Q load and merge term
+
+
+def launch(kernel, grid, *args, **meta):
+    """Every Triton launch of flashlab's decode and varlen kernels goes through here, so how
+    kernels run (compiled, or interpreted on CPU) can be decided in one place."""
+    kernel[grid](*args, **meta)
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
+    """Key-tile size and launch options: 64-key tiles pipelined 3 deep on a GPU with Hopper's 228 KB
+    of shared memory per SM at D ≤ 128 (2 deep otherwise, to fit); in the interpreter larger tiles
+    and fewer programs run faster (its cost is per program and per op)."""
+    if device_is_gpu:
+        roomy = torch.cuda.get_device_capability()[0] >= 9 and head_dim <= 128
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3 if roomy else 2)
+    return dict(BLOCK_N=32)
+
+
+def stacked_rows_block(seqlen_q: int, group: int) -> int:
+    """Rows of the stacked query tile: seqlen_q·group query rows (every q head of a kv head's
+    group), padded to a power of two ≥ 16 (tl.dot's minimum), at most 64 per program."""
+    return min(64, max(16, 1 << (seqlen_q * group - 1).bit_length()))
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 1 for the CPU interpreter (one program at a
+    time), so the heuristic below does not split needlessly there."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def choose_num_splits(programs_without_split: int, max_seqlen_cache: int, block_n: int, num_sms: int) -> int:
+    """How many key ranges to cut each cache into.
+
+    Fill the GPU: at least two waves of programs (``programs · splits ≥ 2 · SMs``), so that while
+    one program waits on HBM another is ready, and the load balances across SMs. Bounded by the
+    work there is: each split gets at least ``MIN_TILES_PER_SPLIT`` key tiles (a split has to
+    amortise loading Q and writing its partial (O, L), which the merge reads back), and at most
+    ``MAX_SPLITS`` splits. Enough programs already (large batch·heads_k): one split, no merge.
+    """
+    if programs_without_split >= 2 * num_sms:
+        return 1
+    wanted = math.ceil(2 * num_sms / max(1, programs_without_split))
+    tiles = _cdiv(max(1, max_seqlen_cache), block_n)
+    return max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+
+
+def decode_traffic(batch, seqlen_q, heads, heads_k, head_dim, cache_len, dtype=torch.float16,
+                   num_splits=1) -> list[Step]:
+    """Bytes one `decode_attention` call moves through HBM (lower bound, every cache row read once):
+    Q in and O out; K and V of every cached token, once per kv head (the group's query rows share
+    the read); with splits, each split's fp32 partial (O_s, L_s) written and read back by the merge."""
+    b = dtype_bytes(dtype)
+    rows = batch * seqlen_q * heads
+    steps = [Step("read Q, write O", rows * head_dim * b, rows * head_dim * b),
+             Step("read K, V cache", 2 * batch * cache_len * heads_k * head_dim * b, 0)]
+    if num_splits > 1:
+        partial = rows * num_splits * (head_dim + 1) * 4
+        steps.append(Step("split partials (O_s, L_s), fp32", partial, partial))
+    return steps
+
+
+def decode_flops(batch, seqlen_q, heads, head_dim, cache_len) -> int:
+    """FLOPs of a decode step: S = Q Kᵀ and O = P V, 2·D multiply-adds each per (query, key) pair."""
+    return 4 * batch * seqlen_q * heads * cache_len * head_dim
+
+
+def _fail(argument: str, problem: str, fix: str) -> None:
+    raise ValueError(f"{argument}: {problem}. {fix}")
+
+
+def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            _fail(name, f"expected a torch.Tensor, got {type(t).__name__}", "Pass a 4-D tensor.")
+        if t.dim() != 4:
+            _fail(name, f"expected 4 dimensions, got shape {tuple(t.shape)}",
+                  "q is (batch, seqlen_q, heads, D); the cache (batch, seqlen_cache, heads_k, D), "
+                  "or (num_blocks, page_size, heads_k, D) with a block_table")
+        if t.dtype not in KERNEL_DTYPES:
+            _fail(name, f"dtype {t.dtype} is not supported", "Use float16, bfloat16 or float32.")
+        if t.device != q.device:
+            _fail(name, f"is on {t.device} but q is on {q.device}", f"Move it with {name}.to(q.device).")
+        if t.dtype != q.dtype:
+            _fail(name, f"dtype {t.dtype} differs from q's {q.dtype}", f"Cast it with {name}.to(q.dtype).")
+        if t.stride(-1) != 1:
+            _fail(name, "its last (head) dimension is not contiguous", f"Pass {name}.contiguous().")
+    if k_cache.shape != v_cache.shape:
+        _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache's {tuple(k_cache.shape)}",
+              "Keys and values need one row each per cached token, with the same head dimension.")
+    batch, seqlen_q, heads, head_dim = q.shape
+    heads_k = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        _fail("k_cache", f"head dimension {k_cache.shape[3]} differs from q's {head_dim}",
+              "q and the cache must have the same last dimension.")
+    if head_dim > MAX_HEAD_DIM:
+        _fail("q", f"head dimension {head_dim} exceeds {MAX_HEAD_DIM}", "Split the heads.")
+    if seqlen_q == 0 or head_dim == 0:
+        _fail("q", f"has an empty dimension, shape {tuple(q.shape)}", "Pass at least one query token.")
+    if heads % heads_k:
+        _fail("k_cache", f"has {heads_k} heads, which does not divide q's {heads}",
+              "Grouped-query attention needs heads_k to divide heads.")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (batch,) or \
+            cache_seqlens.dtype not in (torch.int32, torch.int64):
+        _fail("cache_seqlens", f"expected an integer tensor of shape ({batch},), got "
+              f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)} "
+              f"{tuple(getattr(cache_seqlens, 'shape', ()))}",
+              "Pass torch.tensor(lengths, dtype=torch.int32, device=q.device), one cached length per sequence.")
+    if cache_seqlens.device != q.device:
+        _fail("cache_seqlens", f"is on {cache_seqlens.device} but q is on {q.device}",
+              "Move it with cache_seqlens.to(q.device).")
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            _fail("k_cache", f"holds {k_cache.shape[0]} sequences but q has batch {batch}",
+                  "A contiguous cache is (batch, seqlen_cache, heads_k, D); for a paged cache pass block_table.")
+        capacity = k_cache.shape[1]
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or \
+                block_table.dim() != 2 or block_table.shape[0] != batch:
+            _fail("block_table", f"expected an int32 tensor (batch={batch}, max_pages), got "
+                  f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+                  f"{tuple(getattr(block_table, 'shape', ()))}",
+                  "Row b lists the physical cache blocks of sequence b in order, as torch.int32.")
+        if block_table.device != q.device:
+            _fail("block_table", f"is on {block_table.device} but q is on {q.device}",
+                  "Move it with block_table.to(q.device).")
+        if block_table.numel() and (block_table.min() < 0 or block_table.max() >= k_cache.shape[0]):
+            _fail("block_table", f"holds block indices outside [0, {k_cache.shape[0]})",
+                  "Every entry must index a block of k_cache / v_cache (num_blocks, page_size, heads_k, D).")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    if cache_seqlens.numel() and (cache_seqlens.min() < 0 or cache_seqlens.max() > capacity):
+        _fail("cache_seqlens", f"lengths must lie in [0, {capacity}], got {cache_seqlens.tolist()}",
+              "A length cannot exceed what the cache (or its block table's pages) holds.")
+    if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits):
+        _fail("num_splits", f"expected a positive integer or None, got {num_splits!r}",
+              "Leave it None for the heuristic, or pass e.g. 4.")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        _fail("scale", f"expected a positive number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
+                     causal=True, return_lse=False):
+    """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
+
+    Args:
+        q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
+        k_cache, v_cache: contiguous ``(batch, seqlen_cache, heads_k, D)``, or paged
+            ``(num_blocks, page_size, heads_k, D)`` with ``block_table``; ``heads_k`` divides
+            ``heads`` (grouped-query attention: q head h reads kv head h // (heads / heads_k)).
+        cache_seqlens: int32 (or int64) ``(batch,)``: how many cached tokens sequence b has (0 allowed:
+            its output rows are zeros).
+        block_table: int32 ``(batch, max_pages)``: row b lists the physical blocks holding
+            sequence b's tokens 0..page_size−1, page_size..2·page_size−1, … (entries past the
+            sequence's last page are not read).
+        num_splits: key ranges per cache (split-KV); None picks one by `choose_num_splits`.
+        scale: default 1/sqrt(D).
+        causal: query i is the token at position cache_seqlens − seqlen_q + i and sees keys up to
+            it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
+        return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
+            (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
+
+    Returns:
+        ``(batch, seqlen_q, heads, D)`` in q's dtype (and the log-sum-exp if asked).
+    """
+    _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale)
+    batch, seqlen_q, heads, head_dim = q.shape
+    heads_k = k_cache.shape[2]
+    group = heads // heads_k
+    scale = default_scale(head_dim, scale)
+    gpu = _on_gpu(q)
+    meta = decode_block_sizes(gpu, head_dim)
+    block_m = stacked_rows_block(seqlen_q, group)
+    row_blocks = _cdiv(seqlen_q * group, block_m)
+    max_len = int(cache_seqlens.max()) if batch else 0
+    if num_splits is None:
+        num_splits = choose_num_splits(batch * heads_k * row_blocks, max_len, meta["BLOCK_N"], sm_count(q.device))
+    paged = block_table is not None
+    seqlens = cache_seqlens.to(torch.int32)
+    table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
+    table_strides = block_table.stride() if paged else (0, 0)
+    page_size = k_cache.shape[1] if paged else 1
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, seqlen_q, heads, dtype=torch.float32, device=q.device)
+    block_d = _block_d(head_dim)
+    precision = "ieee"     # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
+    if num_splits > 1:
+        o_part = torch.empty(batch * seqlen_q * heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(batch * seqlen_q * heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = out, lse                      # not read: the split kernel writes the result
+    if batch:
+        launch(decode_split_kernel, (num_splits * row_blocks * batch * heads_k,),
+               q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
+               *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
+               heads_k, seqlen_q, head_dim, group, num_splits, page_size, scale * LOG2E,
+               PAGED=paged, IS_CAUSAL=causal, WRITE_FINAL=num_splits == 1,
+               BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=precision, **meta)
+        if num_splits > 1:
+            n_rows = batch * seqlen_q * heads
+            block_r = 64 if gpu else 32
+            launch(decode_merge_kernel, (_cdiv(n_rows, block_r),),
+                   o_part, lse_part, out, lse, *out.stride(), n_rows, seqlen_q, heads, head_dim, num_splits,
+                   BLOCK_R=block_r, BLOCK_D=block_d)
+    if return_lse:
+        return out, (lse / LOG2E).permute(0, 2, 1)      # log2 → ln: ln x = log2 x / log2 e
+    return out
+
+
+def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=True):
+    """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
+    (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
+    position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    scale = default_scale(head_dim, scale)
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = int(cache_seqlens[b])
+        if block_table is None:
+            k, v = k_cache[b, :n], v_cache[b, :n]
+        else:
+            pages = block_table[b, :_cdiv(n, k_cache.shape[1])].long()
+            k, v = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
+        group = heads // k.shape[1]
+        k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)        # (heads, n, D)
+        v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
+        qb = q[b].double().transpose(0, 1)                                    # (heads, seqlen_q, D)
+        scores = qb @ k.transpose(-1, -2) * scale
+        position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
+        keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
+            torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # empty rows: 0, not NaN
+        out[b] = (weights @ v).transpose(0, 1)
+    return out

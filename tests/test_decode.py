@@ -1,0 +1,191 @@
+"""decode_attention against per-sequence float64 references: contiguous and paged caches
+(pages shuffled), empty and length-1 caches, ragged lengths, GQA, seqlen_q 1 and > 1,
+one split and many; the log-sum-exp; the split heuristic; bad inputs."""
+
+import pytest
+import torch
+
+from flashlab import assert_close
+from flashlab.decode import (
+    choose_num_splits,
+    decode_attention,
+    decode_flops,
+    decode_traffic,
+    reference_decode_attention,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cache(batch, capacity, heads_k, head_dim, dtype=torch.float32):
+    shape = (batch, capacity, heads_k, head_dim)
+    return torch.randn(shape, dtype=dtype, device=DEVICE), torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+def _paged(lengths, page_size, heads_k, head_dim, spare_blocks=3, dtype=torch.float32):
+    """A paged cache with every sequence's pages scattered in a shuffled pool of blocks."""
+    pages = [-(-n // page_size) for n in lengths]
+    max_pages = max(1, max(pages))
+    num_blocks = sum(pages) + spare_blocks
+    k = torch.randn(num_blocks, page_size, heads_k, head_dim, dtype=dtype, device=DEVICE)
+    v = torch.randn(num_blocks, page_size, heads_k, head_dim, dtype=dtype, device=DEVICE)
+    pool = torch.randperm(num_blocks).tolist()
+    table = torch.zeros(len(lengths), max_pages, dtype=torch.int32)
+    for b, n in enumerate(pages):
+        table[b, :n] = torch.tensor(pool[:n], dtype=torch.int32)
+        pool = pool[n:]
+    return k, v, table.to(DEVICE)
+
+
+def _lengths(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 16, None])
+@pytest.mark.parametrize("heads,heads_k", [(2, 2), (4, 2), (4, 1)])
+def test_contiguous_ragged_lengths(num_splits, heads, heads_k):
+    lengths = [0, 1, 37, 96]                  # empty, one key, ragged, a whole number of tiles
+    q = torch.randn(len(lengths), 1, heads, 16, device=DEVICE)
+    k, v = _cache(len(lengths), 100, heads_k, 16)
+    out = decode_attention(q, k, v, _lengths(lengths), num_splits=num_splits)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths)))
+    assert (out[0] == 0).all(), "a sequence with an empty cache must give zeros"
+
+
+@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("page_size", [16, 8])
+def test_paged_shuffled_pages(num_splits, page_size):
+    lengths = [45, 1, 0, 64]
+    k, v, table = _paged(lengths, page_size, heads_k=2, head_dim=16)
+    q = torch.randn(len(lengths), 1, 4, 16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table))
+
+
+def test_paged_equals_contiguous():
+    """The same tokens in a contiguous and in a shuffled paged cache give the same output."""
+    lengths = [30, 17]
+    k, v, table = _paged(lengths, 8, heads_k=1, head_dim=16, spare_blocks=0)
+    contiguous_k = torch.stack([k[table[b].long()].flatten(0, 1) for b in range(2)])
+    contiguous_v = torch.stack([v[table[b].long()].flatten(0, 1) for b in range(2)])
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    paged = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=2)
+    flat = decode_attention(q, contiguous_k, contiguous_v, _lengths(lengths), num_splits=2)
+    assert_close(paged, flat, tol=1e-6)
+
+
+@pytest.mark.parametrize("seqlen_q", [2, 5])
+@pytest.mark.parametrize("paged", [False, True])
+def test_several_new_tokens_causal_to_the_end_of_the_cache(seqlen_q, paged):
+    """Query i sees keys ≤ length − seqlen_q + i; a cache shorter than seqlen_q leaves the first
+    rows with no key (zeros)."""
+    lengths = [40, 3, 1]
+    heads, heads_k = 6, 2
+    q = torch.randn(len(lengths), seqlen_q, heads, 16, device=DEVICE)
+    if paged:
+        k, v, table = _paged(lengths, 16, heads_k, 16)
+    else:
+        (k, v), table = _cache(len(lengths), 48, heads_k, 16), None
+    ref = reference_decode_attention(q, k, v, _lengths(lengths), block_table=table)
+    for num_splits in (1, 3):
+        out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits)
+        assert_close(out, ref)
+    non_causal = decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=False)
+    assert_close(non_causal, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table,
+                                                        causal=False))
+
+
+def test_many_stacked_rows_use_several_row_blocks():
+    """seqlen_q · group = 8 · 16 = 128 rows: more than one stacked tile per kv head."""
+    q = torch.randn(1, 8, 16, 16, device=DEVICE)
+    k, v = _cache(1, 50, 1, 16)
+    out = decode_attention(q, k, v, _lengths([50]), num_splits=2)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([50])))
+
+
+def test_log_sum_exp_and_head_dim_not_power_of_two():
+    lengths = [33, 0]
+    q = torch.randn(2, 1, 2, 24, device=DEVICE)
+    k, v = _cache(2, 40, 2, 24)
+    out, lse = decode_attention(q, k, v, _lengths(lengths), num_splits=4, scale=0.3, return_lse=True)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), scale=0.3))
+    scores = torch.einsum("hd,nhd->hn", q[0, 0].double(), k[0, :33].double()) * 0.3
+    assert lse.shape == (2, 2, 1)
+    assert_close(lse[0, :, 0], torch.logsumexp(scores, -1), what="lse")
+    assert torch.isneginf(lse[1]).all(), "an empty cache has log-sum-exp −inf"
+
+
+def test_half_precision():
+    dtype = torch.float16                     # bf16: GPU only (wrong in the interpreter)
+    q = torch.randn(2, 1, 4, 32, dtype=dtype, device=DEVICE)
+    k, v = _cache(2, 70, 2, 32, dtype=dtype)
+    out = decode_attention(q, k, v, _lengths([70, 9]), num_splits=3)
+    assert out.dtype == dtype
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([70, 9])), dtype=dtype)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 arithmetic is wrong in Triton's interpreter")
+def test_bfloat16_on_gpu():
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device=DEVICE)
+    k, v = _cache(2, 5000, 2, 128, dtype=torch.bfloat16)
+    out = decode_attention(q, k, v, _lengths([5000, 77]))
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([5000, 77])), dtype=torch.bfloat16)
+
+
+def test_split_heuristic():
+    # plenty of programs already: no split
+    assert choose_num_splits(programs_without_split=300, max_seqlen_cache=65536, block_n=64, num_sms=132) == 1
+    # batch 1, 8 kv heads, 64k cache: enough splits for two waves on 132 SMs
+    splits = choose_num_splits(8, 65536, 64, 132)
+    assert 8 * splits >= 2 * 132 and splits <= 128
+    # a short cache cannot be split finer than its tiles allow
+    assert choose_num_splits(1, 100, 64, 132) == 1
+    assert choose_num_splits(1, 64 * 10, 64, 132) == 5
+
+
+def test_decode_traffic_is_the_cache():
+    steps = decode_traffic(1, 1, 8, 8, 128, 65536, torch.float16)
+    cache = next(s for s in steps if "cache" in s.name)
+    assert cache.total == 2 * 65536 * 8 * 128 * 2
+    # one query per kv head at fp16: 4·D FLOPs per key against 2·2·D bytes of K and V: 1 FLOP/byte
+    intensity = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in steps)
+    assert 0.99 < intensity < 1.0
+    # a group of 8 q heads shares each K/V read: 8× the intensity
+    grouped = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in decode_traffic(1, 1, 8, 1, 128, 65536))
+    assert 7.9 < grouped < 8.0
+    assert len(decode_traffic(1, 1, 8, 8, 128, 65536, num_splits=4)) == 3
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k, v = _cache(2, 32, 2, 16)
+    ok = _lengths([3, 4])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, [3, 4])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, _lengths([3, 33]))                # longer than the cache
+    with pytest.raises(ValueError, match="k_cache"):
+        decode_attention(q, k[:, :, :1].expand(2, 32, 3, 16), v, ok)  # 3 kv heads do not divide 4
+    with pytest.raises(ValueError, match="v_cache"):
+        decode_attention(q, k, v[:, :16], ok)
+    with pytest.raises(ValueError, match="q"):
+        decode_attention(q[0], k, v, ok)
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_attention(q, k, v, ok, num_splits=0)
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k, v, ok, block_table=torch.zeros(2, 2, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k, v, ok, block_table=torch.full((2, 2), 5, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="k_cache"):
+        decode_attention(q, k.double(), v, ok)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's tile configurations per head dimension")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_dims_on_gpu(head_dim):
+    lengths = [3000, 1, 0]
+    k, v, table = _paged(lengths, 256, heads_k=2, head_dim=head_dim, dtype=torch.float16)
+    q = torch.randn(3, 2, 8, head_dim, dtype=torch.float16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table), dtype=torch.float16)
