@@ -108,6 +108,7 @@ def write_atomically(path, data: bytes) -> None:
     directory = path.parent
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        os.chmod(temporary, _file_mode(path))                         # mkstemp's 0600 → what open() would give
         with open(handle, "wb") as f:
             view = memoryview(data)
             for start in range(0, len(view), WRITE_CHUNK):
@@ -125,6 +126,15 @@ def write_atomically(path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _file_mode(path: Path) -> int:
+    """The permission bits the file should get: the existing file's, else 0666 less the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def save(paths, kind: str, config: dict, state: dict, metadata: dict | None = None) -> None:
