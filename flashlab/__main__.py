@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage block) that points to --help."""
 
     def error(self, message):
+        message = message.removeprefix("argument ")                  # "--lr: …", like every other error
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -112,19 +113,24 @@ def _config_from(args, config):
     return dataclasses.replace(config, **{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
 
 
-def _check_output_file(option: str, path) -> None:
-    """An output file's directory must exist (or be creatable) and be writable, before any work."""
+def _check_output_file(option: str, path, create_directory: bool = False) -> None:
+    """An output file must be writable before any work starts: its directory must exist (or,
+    with ``create_directory``, be created now) and accept a new file."""
     if path is None:
         return
-    directory = Path(path).resolve().parent
-    existing = directory
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise UsageError(f"{option}: cannot write {path} ({existing} is not a writable directory); give a path in "
-                         f"a directory you can write to.")
-    if Path(path).is_dir():
+    target = Path(path)
+    if target.is_dir():
         raise UsageError(f"{option}: {path} is a directory; give a file name.")
+    directory = target.resolve().parent
+    if not directory.is_dir() and not create_directory:
+        raise UsageError(f"{option}: the directory {directory} does not exist; create it or give another path.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot write into {directory} ({exc.strerror or exc}); give a path in a "
+                         f"directory you can write to.") from None
 
 
 def _existing_file(option: str, path) -> None:
@@ -143,7 +149,7 @@ def _softmax_options(p) -> None:
 
 
 def _bench_softmax(args) -> None:
-    _check_output_file("--out", args.out)
+    _check_output_file("--out", args.out, create_directory=True)
     from .bench import benchmark_softmax
     from .results import environment
 
@@ -178,7 +184,7 @@ def _attention_bench_options(p) -> None:
 
 
 def _bench_attention(args) -> None:
-    _check_output_file("--out", args.out)
+    _check_output_file("--out", args.out, create_directory=True)
     from . import autotune
     from .bench import benchmark_attention
     from .results import environment
