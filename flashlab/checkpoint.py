@@ -106,6 +106,9 @@ def write_atomically(path, data: bytes) -> None:
     survives a power cut."""
     path = Path(path)
     directory = path.parent
+    for stale in directory.glob(f".{path.name}.*.tmp"):              # left by a process killed mid-save
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         os.chmod(temporary, _file_mode(path))                         # mkstemp's 0600 → what open() would give

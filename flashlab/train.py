@@ -528,6 +528,14 @@ def _append_csv(path: Path, metrics: dict) -> None:
         writer.writerow(metrics)
 
 
+def split_flat_config(flat: dict, task_class=RecallConfig) -> tuple:
+    """(task config, RunConfig) from one flat dict of settings, as the first flashlab wrote
+    them (a recorded run's JSON): each key goes to the config that has that field; a key
+    neither has is an error."""
+    task, run = apply_changes((task_class(), RunConfig()), flat)
+    return task, run
+
+
 def train(task: RecallConfig | None = None, run: RunConfig | None = None, **changes) -> Trainer:
     """Train ``task`` with ``run`` (defaults for either) updated by ``changes`` (any field of
     either config, by name); returns the Trainer."""
