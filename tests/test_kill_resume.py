@@ -2,11 +2,14 @@
 and resume each time: a kill never leaves a checkpoint that cannot be resumed, and the
 finished run's metrics.csv has each step once, with the losses of an uninterrupted run.
 
-The child is ``python -m flashlab train`` itself; the only change is that the checkpoint
-module's file writes, fsyncs and rename announce themselves on stdout and wait for the
-parent's go-ahead on stdin, so the parent can kill at an exact moment of a save."""
+Each training process runs ``python -m flashlab train``'s own ``main``; the only change is
+that the checkpoint module's file writes, fsyncs and rename announce themselves on stdout
+and wait for the parent's go-ahead on stdin, so the parent can kill at an exact moment of a
+save. The processes are forked from one server that imported torch once, to keep the loop
+cheap (about a training step per kill)."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -17,14 +20,15 @@ from flashlab import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r"""
-import os, sys, types
+SERVER = r"""
+import json, os, sys, types
 import flashlab.checkpoint as ck
+from flashlab.__main__ import main          # torch and flashlab imported once, before any fork
 
 def announce(event):
     print("EVENT", event, flush=True)
     if not sys.stdin.readline():            # the parent closed stdin: stop waiting
-        sys.exit(3)
+        os._exit(3)
 
 class AnnouncingFile:
     def __init__(self, f):
@@ -53,12 +57,26 @@ def replace(a, b):
 
 proxy = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
 proxy.fsync, proxy.replace = fsync, replace
-ck.os, ck.open, ck.WRITE_CHUNK = proxy, announcing_open, 4096
-from flashlab.__main__ import main
-sys.exit(main(sys.argv[1:]))
+ck.os, ck.open, ck.WRITE_CHUNK = proxy, announcing_open, 8192
+original_write_atomically = ck.write_atomically
+
+def write_atomically(path, data):           # which file the next events write
+    print("TARGET", os.path.basename(path), flush=True)
+    return original_write_atomically(path, data)
+
+ck.write_atomically = write_atomically
+for line in sys.stdin:                      # one training process per line: its arguments as JSON
+    pid = os.fork()
+    if pid == 0:
+        print("PID", os.getpid(), flush=True)
+        code = main(json.loads(line))
+        sys.stdout.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("EXIT", os.waitstatus_to_exitcode(status), flush=True)
 """
 
-STEPS = 32
+STEPS = 30
 ARGS = ["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
         "--n-layers", "1", "--batch-size", "4", "--warmup-steps", "2", "--steps", str(STEPS), "--device", "cpu",
         "--attention", "sdpa", "--no-progress", "--checkpoint-every", "1", "--log-every", "1"]
@@ -66,41 +84,53 @@ ARGS = ["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "-
 MOMENTS = ["open", "first write", "middle write", "last write", "fsync", "replace", "directory fsync"]
 
 
-def _child(out_dir, resume):
-    argv = [*ARGS, "--out-dir", str(out_dir)] + (["--resume", str(resume)] if resume else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+class _Trainers:
+    """Starts training processes: forks of one server process that has imported torch and
+    flashlab (so each kill costs a training step, not an interpreter start)."""
 
+    def __init__(self):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       text=True, env=env, cwd=ROOT)
 
-def _run(out_dir, resume=None, kill_at=None):
-    """Run a child; with ``kill_at``, SIGKILL it at that moment of its fourth file write: each
-    step writes checkpoint_<step>.pt then checkpoint_last.pt, so that is the second step's
-    checkpoint_last.pt, and the first step's is complete (every life makes progress).
-    Returns 0 or the kill signal."""
-    child = _child(out_dir, resume)
-    saves, events_of_save, writes_per_save = 0, [], None
-    while True:
-        line = child.stdout.readline()
-        if not line:
-            break
-        if not line.startswith("EVENT "):
-            continue
-        event = line.split()[1]
-        if event == "open":
-            if saves == 3:
-                writes_per_save = events_of_save.count("write")
-            saves, events_of_save = saves + 1, []
-        events_of_save.append(event)
-        if kill_at and saves == 4 and _is_moment(kill_at, events_of_save, writes_per_save):
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-            return -signal.SIGKILL
-        child.stdin.write("\n")
-        child.stdin.flush()
-    child.wait()
-    assert child.returncode == 0, child.stderr.read()
-    return 0
+    def _send(self, text):
+        self.server.stdin.write(text + "\n")
+        self.server.stdin.flush()
+
+    def run(self, out_dir, resume=None, kill_at=None):
+        """Train in a fresh process; with ``kill_at``, SIGKILL it at that moment of its second
+        save of checkpoint_last.pt (the first completes, so every life makes progress).
+        Returns the process's exit code (-9 when killed)."""
+        argv = [*ARGS, "--out-dir", str(out_dir)] + (["--resume", str(resume)] if resume else [])
+        self._send(json.dumps(argv))
+        pid, target, saves, events_of_save, writes_per_save = None, None, 0, [], None
+        while True:
+            line = self.server.stdout.readline()
+            assert line, "the server died"
+            word, _, rest = line.strip().partition(" ")
+            if word == "PID":
+                pid = int(rest)
+            elif word == "EXIT":
+                return int(rest)
+            elif word == "TARGET":
+                target = rest
+            elif word == "EVENT":
+                if target != "checkpoint_last.pt":                  # checkpoint_<step>.pt, metrics.csv
+                    self._send("")
+                    continue
+                if rest == "open":
+                    if saves == 1:
+                        writes_per_save = events_of_save.count("write")
+                    saves, events_of_save = saves + 1, []
+                events_of_save.append(rest)
+                if kill_at and saves == 2 and _is_moment(kill_at, events_of_save, writes_per_save):
+                    os.kill(pid, signal.SIGKILL)
+                    continue                                 # the server reports EXIT -9
+                self._send("")
+
+    def close(self):
+        self.server.stdin.close()
+        self.server.wait(timeout=60)
 
 
 def _is_moment(moment, events, writes_per_save):
@@ -122,18 +152,23 @@ def _losses(path):
 
 
 def test_sigkill_at_every_moment_of_a_save_then_resume(tmp_path):
-    straight = tmp_path / "straight"
-    assert _run(straight) == 0
-    out, last = tmp_path / "killed", tmp_path / "killed" / "checkpoint_last.pt"
-    kills = []
-    for moment in MOMENTS * 2:
-        resume = last if last.exists() else None
-        assert _run(out, resume, kill_at=moment) == -signal.SIGKILL
-        assert checkpoint.load(last, kind="lm-training-state").state["step"] >= 1   # always resumable
-        kills.append(moment)
-    assert _run(out, last) == 0                                   # the last life finishes the run
-    assert len(kills) == 14
+    trainers = _Trainers()
+    try:
+        straight = tmp_path / "straight"
+        assert trainers.run(straight) == 0
+        out, last = tmp_path / "killed", tmp_path / "killed" / "checkpoint_last.pt"
+        kills = []
+        for moment in MOMENTS * 2:
+            resume = last if last.exists() else None
+            assert trainers.run(out, resume, kill_at=moment) == -signal.SIGKILL
+            step = checkpoint.load(last, kind="lm-training-state").state["step"]     # always resumable
+            kills.append((moment, step))
+        assert trainers.run(out, last) == 0                                 # the last life finishes the run
+    finally:
+        trainers.close()
+    assert len(kills) == 14 and [m for m, _ in kills] == MOMENTS * 2
     assert checkpoint.load(last).state["step"] == STEPS
     assert [s for s, _ in _losses(out / "metrics.csv")] == list(range(STEPS))   # each step once
     assert _losses(out / "metrics.csv") == _losses(straight / "metrics.csv")    # the same run, bit for bit
     assert not list(out.glob(".*.tmp"))                         # temporaries of killed saves are cleaned up
+    print("kills (moment, checkpoint_last step after the kill):", kills)
