@@ -224,8 +224,31 @@ def _tsp_train_options(p) -> None:
     _add_config_options(p, KOOL_RUN)
 
 
-def _build_trainer(trainer_class, task, run):
+def _adopt_from_checkpoint(args, task, run):
+    """On resume, the fields that must match the checkpoint (model, task, seed, precision)
+    come from it unless given on the command line; given ones are checked by the Trainer."""
+    from . import checkpoint
+
+    saved = checkpoint.load(run.resume)
+    stored = saved.config if isinstance(saved.config, dict) else {}
+    configs = []
+    for config, key in ((task, "task"), (run, "run")):
+        fixed = {f.name for f in dataclasses.fields(config) if f.metadata.get("on_resume") == "fixed"}
+        if key == "task" and stored.get("task", {}).get("positions", "learned") == "learned":
+            fixed.add("seq_len")                     # the position table's size
+        adopt = {name: value for name, value in stored.get(key, {}).items()
+                 if name in fixed and name not in args.given and hasattr(config, name)}
+        configs.append(dataclasses.replace(config, **adopt))
+    return configs
+
+
+def _build_trainer(trainer_class, args, task, run):
     _existing_file("--resume", run.resume)
+    if run.resume:
+        try:
+            task, run = _adopt_from_checkpoint(args, task, run)
+        except CheckpointError as exc:
+            raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
     task.check()
     run.check()
     return trainer_class(task, run)
@@ -234,7 +257,7 @@ def _build_trainer(trainer_class, task, run):
 def _train(args) -> None:
     from .train import RecallConfig, RunConfig, Trainer
 
-    trainer = _build_trainer(Trainer, _config_from(args, RecallConfig()), _config_from(args, RunConfig()))
+    trainer = _build_trainer(Trainer, args, _config_from(args, RecallConfig()), _config_from(args, RunConfig()))
     history = trainer.fit()
     if trainer.rank == 0:
         last = history[-1] if history else {}
@@ -245,7 +268,7 @@ def _train(args) -> None:
 def _train_tsp(args) -> None:
     from .tsp_train import KOOL_RUN, TSPConfig, TSPTrainer
 
-    trainer = _build_trainer(TSPTrainer, _config_from(args, TSPConfig()), _config_from(args, KOOL_RUN))
+    trainer = _build_trainer(TSPTrainer, args, _config_from(args, TSPConfig()), _config_from(args, KOOL_RUN))
     trainer.fit()
     if trainer.rank == 0:
         minutes = trainer.train_seconds / 60                       # all runs of a resumed job together
@@ -325,12 +348,12 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m flashlab", description=__doc__,
+    parser = _Parser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     for command in COMMANDS:
         sub = commands.add_parser(command.name, aliases=list(command.aliases), help=command.help,
-                                  description=command.help)
+                                  description=command.help, allow_abbrev=False)
         command.add_options(sub)
         sub.set_defaults(command_spec=command)
     return parser
@@ -347,7 +370,11 @@ def _one_line(command: Command, exc: Exception) -> str:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    # the options given on the command line (not defaulted): resume adopts the checkpoint's for the rest
+    names = {token.split("=")[0] for token in argv if token.startswith("--")}
+    args.given = {name.removeprefix("--no-").removeprefix("--").replace("-", "_") for name in names}
     command = args.command_spec
     prog = f"{parser.prog} {args.command}"
     try:

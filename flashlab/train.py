@@ -89,7 +89,8 @@ class RunConfig:
     out_dir: str | None = option(None, "directory for metrics.csv and checkpoints (created if missing)")
     checkpoint_every: int = option(0, "save checkpoint_<step>.pt and checkpoint_last.pt every this many steps; "
                                       "0 = checkpoint_last.pt at the end only", low=0)
-    resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt)")
+    resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt); "
+                                      "the command line takes its fixed settings unless given")
     log_every: int = option(10, "update the progress bar's numbers every this many steps", low=1)
     progress: bool = option(True, "show a progress bar")
 

@@ -69,7 +69,7 @@ BAD = [
     (["train-tsp", "--tanh-clip", "0"], "--tanh-clip: 0.0 is out of range"),
     (["train-tsp", "--rollout-batch", "0"], "--rollout-batch: 0 is out of range"),
     (["train-tsp", "--seq-len", "32"], "unrecognized arguments: --seq-len"),          # no flag that does nothing
-    (["train-tsp", "--resume", TSP_STATE, "--attention", "sdpa"],
+    (["train-tsp", "--resume", TSP_STATE, "--attention", "sdpa", "--n-nodes", "20"],
      "--resume: " + TSP_STATE + " comes from a different run: n_nodes is 20 but the checkpoint has 50"),
     (["train-tsp", "--resume", LM_MODEL], "is a lm-model checkpoint"),
     (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "0"], "--instances: 0 is out of range"),
@@ -86,6 +86,7 @@ BAD = [
     (["eval-tsp"], "the following arguments are required: --checkpoint"),
     ([], "the following arguments are required: command"),
     (["trian"], "invalid choice: 'trian'"),
+    (["train", "--n-head", "4"], "unrecognized arguments: --n-head"),                  # no abbreviations
 ]
 if NO_GPU:
     BAD.append((["train", "--device", "cuda"], "--device: cuda was asked for but no CUDA GPU is visible"))
@@ -139,3 +140,19 @@ def test_a_bad_argument_from_the_shell(argv, expected):
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and expected in result.stderr, result.stderr
+
+
+def test_resume_on_the_command_line_takes_the_checkpoints_settings_unless_given(tmp_path, capsys):
+    """The model and task flags need not be repeated on resume; a given one that differs is
+    refused, with every mismatch in the line."""
+    out = str(tmp_path)
+    common = ["--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4", "--out-dir", out]
+    assert main(["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16",
+                 "--n-heads", "2", "--n-layers", "1", "--steps", "2", *common]) == 0
+    last = str(tmp_path / "checkpoint_last.pt")
+    assert main(["train", "--resume", last, "--steps", "3", *common]) == 0
+    assert "steps 3, skipped 0" in capsys.readouterr().out
+    code, captured = _run(["train", "--resume", last, "--steps", "4", "--n-heads", "4", "--seed", "1", *common],
+                          capsys)
+    assert code == 2 and captured.err.count("\n") == 1
+    assert "--resume: " in captured.err and "n_heads is 4 but the checkpoint has 2; seed is 1" in captured.err
