@@ -99,6 +99,8 @@ def _add_config_options(parser, config) -> None:
         extra = [f"default: {default}"]
         if describe_range(meta):
             extra.append(describe_range(meta))
+        if meta.get("on_resume") == "fixed":
+            extra.append("fixed on resume: taken from the checkpoint unless given, and must match it")
         text = f"{meta['help']} ({'; '.join(extra)})"
         if kind is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=text)

@@ -76,14 +76,14 @@ class RunConfig:
     min_lr_ratio: float = option(0.1, "the cosine decays to lr·min_lr_ratio at the last step (1: constant lr)",
                                  low=0, high=1)
     grad_clip: float = option(1.0, "largest global gradient norm; 0 = no clipping", low=0)
-    precision: str = option("32-true", "precision mode (flashlab.precision); fixed on resume",
+    precision: str = option("32-true", "precision mode (flashlab.precision)",
                             choices=tuple(PRECISIONS), on_resume="fixed")
     tf32: bool = option(True, "fp32 matmuls on TF32 tensor cores (GPU only)")
     max_bad_steps: int = option(20, "stop once this many optimizer steps in a row were skipped for a non-finite "
                                     "loss or gradient norm; 0 = never stop (skip and count only)", low=0)
     time_limit_min: float = option(0.0, "stop once training has taken this many minutes, counted across resumes; "
                                         "0 = no limit", low=0)
-    seed: int = option(0, "seed of the initial weights and of every batch; fixed on resume", low=0,
+    seed: int = option(0, "seed of the initial weights and of every batch", low=0,
                        on_resume="fixed")
     device: str = option("auto", "auto: cuda when a GPU is visible, else cpu", choices=("auto", "cpu", "cuda"))
     out_dir: str | None = option(None, "directory for metrics.csv and checkpoints (created if missing)")
