@@ -26,7 +26,6 @@ import io
 import os
 import pickle
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,7 +167,7 @@ def _torch_load(source, path, map_location):
             ) from None
         raise CheckpointError(f"checkpoint: {path} is not a readable checkpoint ({exc}); it may be torn or "
                               f"corrupted: resume from an earlier one.") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+    except Exception as exc:             # a damaged archive fails in many ways (RuntimeError, EOFError, TypeError …)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"checkpoint: {path} is not a complete checkpoint file ({first}); it was probably "
                               f"cut short or corrupted: resume from an earlier one.") from None
@@ -203,6 +202,9 @@ def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") ->
         raise CheckpointError(f"checkpoint: {path} is corrupted: its contents do not match the SHA-256 recorded when "
                               f"it was saved; refused. Resume from an earlier checkpoint.")
     inner = _torch_load(io.BytesIO(data), path, map_location)
+    if not isinstance(inner, dict) or not {"config", "state"} <= inner.keys():
+        raise CheckpointError(f"checkpoint: {path} has no config or state; the file is damaged: resume from an "
+                              f"earlier one.")
     return Checkpoint(found, inner["config"], inner["state"], inner.get("metadata", {}), outer["version"])
 
 

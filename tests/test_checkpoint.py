@@ -176,3 +176,28 @@ def test_the_wrong_kind_of_checkpoint_says_what_it_is(tmp_path, capsys):
     torch.save({"model": {}, "config": {}}, legacy)
     with pytest.raises(checkpoint.CheckpointError, match="not a flashlab checkpoint"):
         checkpoint.load(legacy)
+
+
+def test_no_bit_flip_loads_as_different_data(tmp_path):
+    """Flip one random bit, 60 times anywhere in a file: each copy is refused, or (a flip in
+    the archive's padding) loads exactly the saved data, never different data."""
+    torch.manual_seed(0)
+    state = {"w": torch.randn(64, 16), "step": 7}
+    path = tmp_path / "c.pt"
+    checkpoint.save(path, "lm-model", {"d_model": 16}, state)
+    data = path.read_bytes()
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    refused = 0
+    for position in torch.randint(0, len(data) * 8, (60,), generator=generator).tolist():
+        damaged = bytearray(data)
+        damaged[position // 8] ^= 1 << (position % 8)
+        copy = tmp_path / "damaged.pt"
+        copy.write_bytes(bytes(damaged))
+        try:
+            loaded = checkpoint.load(copy)
+        except checkpoint.CheckpointError:
+            refused += 1
+            continue
+        assert torch.equal(loaded.state["w"], state["w"]) and loaded.state["step"] == 7
+        assert loaded.config == {"d_model": 16} and loaded.kind == "lm-model"
+    assert refused >= 40                      # almost all of a file is checked bytes
