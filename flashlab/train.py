@@ -410,9 +410,14 @@ class Trainer:
 
     def load(self, path) -> None:
         """Restore a training state saved by `save`, after checking that it comes from the same
-        model and task: every "fixed" field (`flashlab.config.option`) must match. "Free"
-        fields keep this run's values and take effect: lr, weight decay, beta2, warm-up and
-        decay are applied to the restored optimizer and scheduler."""
+        model and task: every "fixed" field (`flashlab.config.option`) must match, and the
+        error lists each one that does not. Fixed: the model's shape (d_model, n_layers,
+        n_heads, positions, rotary_fraction; TSP: n_nodes, ff_dim, tanh_clip …), the task's
+        identity (num_pairs, vocab_size; TSP: epoch_steps, eval_instances), seed and
+        precision; seq_len too with learned positions. Everything else may change and takes
+        effect: steps, time limit, batch size and accumulation, lr, weight decay, beta2,
+        warm-up and decay (applied to the restored optimizer and scheduler), clipping,
+        max_bad_steps, logging, checkpointing, device, attention, dropout, query_rate."""
         try:
             saved = checkpoint.load(path, kind=self.checkpoint_kind, map_location=self.device)
         except checkpoint.CheckpointError as exc:
