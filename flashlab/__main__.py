@@ -3,14 +3,18 @@
   bench-softmax     time the fused softmax against torch.softmax and the unfused ops
   bench             time flashlab.attention, naive attention, every SDPA backend and
                     FlexAttention: forward, backward, forward+backward, TFLOP/s, extra memory
-  train             train the causal transformer on associative recall (flashlab.train);
-                    every TrainConfig field is an option, e.g. --precision bf16-mixed
-  train-tsp         train the TSP Attention Model with REINFORCE (flashlab.tsp_train);
-                    every TSPConfig field is an option; exports am_tspN.pt to --out-dir
+  train             train the causal transformer on associative recall (flashlab.train):
+                    one option per field of RecallConfig (the task and model) and RunConfig
+                    (optimisation and bookkeeping), e.g. --precision bf16-mixed
+  train-tsp         train the TSP Attention Model with REINFORCE (flashlab.tsp_train): one
+                    option per field of TSPConfig and RunConfig; exports am_tspN.pt to --out-dir
   tune              tune the attention kernels for a list of shapes ahead of training
                     (flashlab.pretune; python -m flashlab tune --help)
   eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
                     to the published optimum, heuristics; --save-tours writes instances and tours
+
+Every option is checked before any work starts; a bad one ends the command with one line
+that names it and says what to give instead (exit status 2).
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
 Data-parallel training: torchrun --nproc_per_node 2 -m flashlab train …
 """
@@ -18,14 +22,138 @@ Data-parallel training: torchrun --nproc_per_node 2 -m flashlab train …
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .checkpoint import CheckpointError
+from .config import ConfigError, check_value, describe_range, field_kind
+
+
+class UsageError(Exception):
+    """A user error found after parsing: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage block) that points to --help."""
+
+    def error(self, message):
+        message = message.removeprefix("argument ")                  # "--lr: …", like every other error
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------- argument types that check
+def _bounded(kind, low=None, high=None, low_open=False):
+    """An argparse type: parse as ``kind`` and check the range, naming what to give."""
+    meta = {"low": low, "high": high, "low_open": low_open, "high_open": False}
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        too_low = low is not None and (value <= low if low_open else value < low)
+        if too_low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give a value {describe_range(meta)}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+POSITIVE = _bounded(int, low=1)
+NON_NEGATIVE = _bounded(int, low=0)
+
+
+def _field_type(f):
+    kind = field_kind(f)
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        try:
+            check_value(f, value)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(exc.reason.rstrip(".")) from None
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_config_options(parser, config) -> None:
+    """One option per field of the config dataclass instance ``config``: typed, ranged,
+    defaulted from it, with its help line (choices and range included)."""
+    group = parser.add_argument_group(type(config).__name__)
+    for f in dataclasses.fields(config):
+        meta, default, kind = f.metadata, getattr(config, f.name), field_kind(f)
+        extra = [f"default: {default}"]
+        if describe_range(meta):
+            extra.append(describe_range(meta))
+        if meta.get("on_resume") == "fixed":
+            extra.append("fixed on resume: taken from the checkpoint unless given, and must match it")
+        text = f"{meta['help']} ({'; '.join(extra)})"
+        if kind is bool:
+            group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif meta.get("choices"):
+            group.add_argument(_flag(f.name), choices=meta["choices"], default=default, help=text)
+        else:
+            group.add_argument(_flag(f.name), type=_field_type(f) if kind is not str else str, default=default,
+                               metavar=f.name.upper(), help=text)
+
+
+def _config_from(args, config):
+    return dataclasses.replace(config, **{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
+
+
+def _check_output_file(option: str, path, create_directory: bool = False) -> None:
+    """An output file must be writable before any work starts: its directory must exist (or,
+    with ``create_directory``, be created now) and accept a new file."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option}: {path} is a directory; give a file name.")
+    directory = target.resolve().parent
+    if not directory.is_dir() and not create_directory:
+        raise UsageError(f"{option}: the directory {directory} does not exist; create it or give another path.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot write into {directory} ({exc.strerror or exc}); give a path in a "
+                         f"directory you can write to.") from None
+
+
+def _existing_file(option: str, path) -> None:
+    if path is not None and not Path(path).is_file():
+        raise UsageError(f"{option}: {path} does not exist or is not a file; give the path of a checkpoint (.pt).")
+
+
+# ---------------------------------------------------------------- bench-softmax
+def _softmax_options(p) -> None:
+    p.add_argument("--rows", type=POSITIVE, default=4096, help="rows of each matrix (default 4096)")
+    p.add_argument("--cols", type=POSITIVE, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384],
+                   help="row lengths to time (default 256 … 16384)")
+    p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16",
+                   help="element type (default float16)")
+    p.add_argument("--out", help="write the results as JSON to this file")
+
 
 def _bench_softmax(args) -> None:
+    _check_output_file("--out", args.out, create_directory=True)
     from .benchmarks.softmax import benchmark_softmax
     from .recorded import environment
 
@@ -40,7 +168,27 @@ def _bench_softmax(args) -> None:
         print(f"{r['cols']:>6} {r['impl']:>24} {r['ms']:9.4f} ms {r['GB/s']:8.1f} GB/s")
 
 
+# ---------------------------------------------------------------- bench
+def _attention_bench_options(p) -> None:
+    p.add_argument("--seq-lens", type=POSITIVE, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths N (default 512 … 16384)")
+    p.add_argument("--head-dims", type=POSITIVE, nargs="+", default=[64, 128],
+                   help="head dimensions D (default 64 128)")
+    p.add_argument("--masks", nargs="+", choices=["full", "causal"], default=["full", "causal"],
+                   help="attention masks (default both)")
+    p.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["bfloat16", "float16"],
+                   help="element types (default both)")
+    p.add_argument("--tokens", type=POSITIVE, default=16384, help="B·N, kept constant across N (default 16384)")
+    p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads H (default 16)")
+    p.add_argument("--flex-seq-lens", type=POSITIVE, nargs="*", default=None,
+                   help="run FlexAttention (compiled per shape) only at these N (default: all)")
+    p.add_argument("--warmup-ms", type=NON_NEGATIVE, default=25, help="warm-up time per measurement (default 25)")
+    p.add_argument("--rep-ms", type=POSITIVE, default=100, help="measuring time per measurement (default 100)")
+    p.add_argument("--out", help="write the results as JSON to this file (rewritten after every row)")
+
+
 def _bench_attention(args) -> None:
+    _check_output_file("--out", args.out, create_directory=True)
     from . import autotune
     from .benchmarks.attention import benchmark_attention
     from .recorded import environment
@@ -65,28 +213,55 @@ def _bench_attention(args) -> None:
               f"{r['mode']:>7} {speed}")
 
 
-def _add_train_options(parser, config_class=None) -> None:
-    """One option per field of the config dataclass, typed and defaulted from it."""
-    import dataclasses
+# ---------------------------------------------------------------- train, train-tsp
+def _train_options(p) -> None:
+    from .train import RecallConfig, RunConfig
 
-    from .train import TrainConfig
+    _add_config_options(p, RecallConfig())
+    _add_config_options(p, RunConfig())
 
-    for field in dataclasses.fields(config_class or TrainConfig):
-        name = "--" + field.name.replace("_", "-")
-        if field.type in ("bool", bool):
-            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            kind = {"int": int, "float": float}.get(str(field.type), str)
-            parser.add_argument(name, type=kind, default=field.default, help=f"default: {field.default}")
+
+def _tsp_train_options(p) -> None:
+    from .tsp_train import KOOL_RUN, TSPConfig
+
+    _add_config_options(p, TSPConfig())
+    _add_config_options(p, KOOL_RUN)
+
+
+def _adopt_from_checkpoint(args, task, run):
+    """On resume, the fields that must match the checkpoint (model, task, seed, precision)
+    come from it unless given on the command line; given ones are checked by the Trainer."""
+    from . import checkpoint
+
+    saved = checkpoint.load(run.resume)
+    stored = saved.config if isinstance(saved.config, dict) else {}
+    configs = []
+    for config, key in ((task, "task"), (run, "run")):
+        fixed = {f.name for f in dataclasses.fields(config) if f.metadata.get("on_resume") == "fixed"}
+        if key == "task" and stored.get("task", {}).get("positions", "learned") == "learned":
+            fixed.add("seq_len")                     # the position table's size
+        adopt = {name: value for name, value in stored.get(key, {}).items()
+                 if name in fixed and name not in args.given and hasattr(config, name)}
+        configs.append(dataclasses.replace(config, **adopt))
+    return configs
+
+
+def _build_trainer(trainer_class, args, task, run):
+    _existing_file("--resume", run.resume)
+    if run.resume:
+        try:
+            task, run = _adopt_from_checkpoint(args, task, run)
+        except CheckpointError as exc:
+            raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
+    task.check()
+    run.check()
+    return trainer_class(task, run)
 
 
 def _train(args) -> None:
-    import dataclasses
+    from .train import RecallConfig, RunConfig, Trainer
 
-    from .train import TrainConfig, Trainer
-
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
-    trainer = Trainer(config)
+    trainer = _build_trainer(Trainer, args, _config_from(args, RecallConfig()), _config_from(args, RunConfig()))
     history = trainer.fit()
     if trainer.rank == 0:
         last = history[-1] if history else {}
@@ -95,32 +270,43 @@ def _train(args) -> None:
 
 
 def _train_tsp(args) -> None:
-    import dataclasses
+    from .tsp_train import KOOL_RUN, TSPConfig, TSPTrainer
 
-    from .tsp_train import TSPConfig, TSPTrainer
-
-    config = TSPConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TSPConfig)})
-    trainer = TSPTrainer(config)
+    trainer = _build_trainer(TSPTrainer, args, _config_from(args, TSPConfig()), _config_from(args, KOOL_RUN))
     trainer.fit()
     if trainer.rank == 0:
         minutes = trainer.train_seconds / 60                       # all runs of a resumed job together
         print(f"steps {trainer.step}, {minutes:.1f} min, baseline updates {trainer.baseline_updates}, "
               f"greedy tour length on the evaluation set {trainer.evaluate():.4f}")
-        if config.out_dir:
-            trainer.export(f"{config.out_dir}/am_tsp{config.n_nodes}.pt", train_minutes=round(minutes, 2),
-                           precision=config.precision)
+        if trainer.run.out_dir:
+            trainer.export(f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt",
+                           train_minutes=round(minutes, 2), precision=trainer.run.precision)
+
+
+# ---------------------------------------------------------------- eval-tsp
+def _eval_tsp_options(p) -> None:
+    p.add_argument("--checkpoint", required=True, help="a tsp-model checkpoint (am_tspN.pt, as train-tsp exports)")
+    p.add_argument("--nodes", type=_bounded(int, low=3), default=20, help="cities per test instance (default 20; ≥ 3)")
+    p.add_argument("--instances", type=POSITIVE, default=10000, help="test instances (default 10000)")
+    # Training draws step s's instances from seed·1,000,003 + s: this default is far from those.
+    p.add_argument("--seed", type=NON_NEGATIVE, default=1_234_567_891, help="test-set seed (default 1234567891)")
+    p.add_argument("--save-tours", help="write coords, tours and lengths to this .npz file")
+    p.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
+                   help="auto: flashlab on a GPU (compiled), SDPA on a CPU (the kernels would run in Triton's "
+                        "interpreter: hours for 10,000 instances)")
 
 
 def _eval_tsp(args) -> None:
+    _existing_file("--checkpoint", args.checkpoint)
+    _check_output_file("--save-tours", args.save_tours)
     import numpy as np
 
     from .model import ATTENTION
+    from .train import default_attention
     from .tsp import PUBLISHED, evaluate, load_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # The same model either way; on a CPU flashlab's kernels would run in Triton's
-    # interpreter (hours for 10,000 instances), so "auto" takes SDPA there.
-    backend = args.attention if args.attention != "auto" else ("flashlab" if device == "cuda" else "sdpa")
+    backend = args.attention if args.attention != "auto" else default_attention(device)
     model, metadata = load_model(args.checkpoint, device, attention_fn=ATTENTION[backend])
     print(f"attention: {backend} on {device}")
     result = evaluate(model, args.nodes, args.instances, args.seed, device)
@@ -141,47 +327,75 @@ def _eval_tsp(args) -> None:
         print(f"  instances, tours and lengths written to {args.save_tours}")
 
 
+# ---------------------------------------------------------------- the table of commands
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_options: object          # (parser) -> None
+    run: object                  # (args) -> None
+    aliases: tuple = ()
+    # which option a "checkpoint: …" error refers to
+    checkpoint_option: str = "--resume"
+
+
+COMMANDS = [
+    Command("bench-softmax", "benchmark the fused softmax", _softmax_options, _bench_softmax),
+    Command("bench", "benchmark attention: flashlab, naive, every SDPA backend, FlexAttention",
+            _attention_bench_options, _bench_attention, aliases=("bench-attention",)),
+    Command("train", "train the causal transformer on associative recall (flashlab.train)", _train_options, _train),
+    Command("train-tsp", "train the TSP Attention Model (REINFORCE; flashlab.tsp_train)", _tsp_train_options,
+            _train_tsp),
+    Command("eval-tsp", "evaluate a TSP Attention Model checkpoint", _eval_tsp_options, _eval_tsp,
+            checkpoint_option="--checkpoint"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, aliases=list(command.aliases), help=command.help,
+                                  description=command.help, allow_abbrev=False)
+        command.add_options(sub)
+        sub.set_defaults(command_spec=command)
+    return parser
+
+
+def _one_line(command: Command, exc: Exception) -> str:
+    """``--option: what is wrong; what to give`` for a configuration or checkpoint error."""
+    if isinstance(exc, ConfigError):
+        return f"{_flag(exc.field)}: {exc.reason}"
+    if isinstance(exc, CheckpointError):
+        return f"{command.checkpoint_option}: {str(exc).removeprefix('checkpoint: ')}"
+    return str(exc)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["tune"]:          # pre-tune the kernels for a list of shapes: its own options
         from .pretune import tune_main
         return tune_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-    softmax = commands.add_parser("bench-softmax", help="benchmark the fused softmax")
-    softmax.add_argument("--rows", type=int, default=4096)
-    softmax.add_argument("--cols", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384])
-    softmax.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
-    softmax.add_argument("--out", help="write the results as JSON to this file")
-    attn = commands.add_parser("bench", aliases=["bench-attention"],
-                               help="benchmark attention: flashlab, naive, every SDPA backend, FlexAttention")
-    attn.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    attn.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
-    attn.add_argument("--masks", nargs="+", choices=["full", "causal"], default=["full", "causal"])
-    attn.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["bfloat16", "float16"])
-    attn.add_argument("--tokens", type=int, default=16384, help="B·N, kept constant across N")
-    attn.add_argument("--heads", type=int, default=16)
-    attn.add_argument("--flex-seq-lens", type=int, nargs="*", default=None,
-                      help="run FlexAttention (compiled per shape) only at these N (default: all)")
-    attn.add_argument("--warmup-ms", type=int, default=25)
-    attn.add_argument("--rep-ms", type=int, default=100)
-    attn.add_argument("--out", help="write the results as JSON to this file")
-    _add_train_options(commands.add_parser("train", help="train the causal transformer (flashlab.train)"))
-    from .tsp_train import TSPConfig
-    _add_train_options(commands.add_parser("train-tsp", help="train the TSP Attention Model (REINFORCE)"), TSPConfig)
-    tsp = commands.add_parser("eval-tsp", help="evaluate a TSP Attention Model checkpoint")
-    tsp.add_argument("--checkpoint", required=True)
-    tsp.add_argument("--nodes", type=int, default=20)
-    tsp.add_argument("--instances", type=int, default=10000)
-    # Training draws step s's instances from seed·1,000,003 + s: this default is far from those.
-    tsp.add_argument("--seed", type=int, default=1_234_567_891, help="test-set seed (default 1234567891)")
-    tsp.add_argument("--save-tours", help="write coords, tours and lengths to this .npz file")
-    tsp.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
-                     help="auto: flashlab on a GPU, SDPA on a CPU")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    {"bench-softmax": _bench_softmax, "bench": _bench_attention, "bench-attention": _bench_attention,
-     "train": _train, "train-tsp": _train_tsp, "eval-tsp": _eval_tsp}[args.command](args)
+    # the options given on the command line (not defaulted): resume adopts the checkpoint's for the rest
+    names = {token.split("=")[0] for token in argv if token.startswith("--")}
+    args.given = {name.removeprefix("--no-").removeprefix("--").replace("-", "_") for name in names}
+    command = args.command_spec
+    prog = f"{parser.prog} {args.command}"
+    try:
+        command.run(args)
+    except (UsageError, ConfigError, CheckpointError) as exc:
+        print(f"{prog}: error: {' '.join(_one_line(command, exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from .train import TrainingDiverged
+
+        if isinstance(exc, TrainingDiverged):
+            print(f"{prog}: stopped: {exc}", file=sys.stderr)
+            return 1
+        raise
     return 0
 
 

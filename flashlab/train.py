@@ -7,13 +7,20 @@ One optimizer step:
         scaler.scale(loss).backward()                   (16-mixed: loss scaling)
     scaler.unscale_(optimizer)                          (gradients back to true size …)
     norm = clip_grad_norm_(params, grad_clip)           (… so clipping sees the real norm)
-    non-finite loss or norm → skip the step, count it; K in a row → stop with a message
+    non-finite loss or norm → skip the step, count it; max_bad_steps in a row → stop (0: never)
     else scaler.step(optimizer); scaler.update(); scheduler.step()
 
+Configuration by composition: a `RunConfig` (optimisation and bookkeeping, the same for
+every task) and a task config owned by the task (`RecallConfig` here, `TSPConfig` in
+`flashlab.tsp_train`); every field declares its help, range and whether it may change on
+resume (`flashlab.config`).
+
 Around it: precision modes (`flashlab.mixed_precision`), warm-up + cosine learning rate,
-activation checkpointing per block, checkpoints that restore model, optimizer, scaler,
-scheduler, step and RNG state (a resumed run reproduces an uninterrupted one), metrics to
-CSV, a tqdm bar with loss, throughput and MFU, and data parallelism with
+activation checkpointing per block, checkpoints (`flashlab.checkpoint`: tensors and plain
+data, written atomically, verified on load) that restore model, optimizer, scaler,
+scheduler, step and RNG state (a resumed run reproduces an uninterrupted one, and checks
+that it resumes the same model and task), metrics to CSV (each step once, across
+resumes), a tqdm bar with loss, throughput and MFU, and data parallelism with
 ``torchrun --nproc_per_node N -m flashlab train …`` (DDP; gloo on CPU, NCCL on GPU).
 """
 
@@ -22,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import io
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,56 +41,103 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import runtime
-from .mixed_precision import get_precision
+from . import checkpoint, runtime
+from .config import ConfigError, apply_changes, check_fields, option, resume_mismatches
+from .mixed_precision import PRECISIONS, get_precision
 from .model import CausalTransformer
 from .tasks import IGNORE_INDEX, AssociativeRecall, lookback
 from .timing import attention_flops, peak_flops
 
 
-@dataclass
-class TrainConfig:
-    """Every knob of a run. The defaults train a tiny model on CPU in seconds."""
+def default_attention(device: str) -> str:
+    """flashlab's kernels where they run compiled (CUDA); SDPA on a CPU, where the kernels
+    would run in Triton's interpreter (right, but thousands of times slower)."""
+    return "flashlab" if device == "cuda" else "sdpa"
 
-    # task: multi-query associative recall (flashlab.tasks)
-    seq_len: int = 64
-    num_pairs: int = 8
-    vocab_size: int = 64
-    query_rate: float = 1.0                # < 1: sparse queries between filler, so recall reaches far back
-                                           # (then micro-batches and ranks hold different numbers of answers,
-                                           # yet each one's mean loss gets the same weight)
-    # model
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    dropout: float = 0.0
-    attention: str = "sdpa"                # naive | sdpa | flashlab
-    positions: str = "learned"             # learned | rotary (flashlab.model)
-    rotary_fraction: float = 1.0           # share of each head's dimensions that rotary rotates
-    checkpoint_blocks: bool = False        # activation checkpointing, per block
-    # optimisation
-    steps: int = 100
-    batch_size: int = 32                   # sequences per optimizer step, all ranks and micro-batches together
-    grad_accum: int = 1                    # micro-batches per optimizer step
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.95               # AdamW's second-moment decay (0.999 is torch's default)
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1              # cosine decays to lr · min_lr_ratio
-    grad_clip: float = 1.0                 # max global grad norm; 0 = no clipping
-    precision: str = "32-true"             # 32-true | 16-mixed | bf16-mixed | 16-true | bf16-true
-    tf32: bool = True                      # fp32 matmuls on TF32 tensor cores (GPU)
-    max_bad_steps: int = 20                # stop after this many non-finite steps in a row
-    time_limit_min: float = 0.0            # stop once training has taken this many minutes (0 = no limit);
-                                           # counted across resumes, so two 8-minute runs make 16
-    # bookkeeping
-    seed: int = 0
-    device: str = "auto"                   # auto | cpu | cuda
-    out_dir: str | None = None             # metrics.csv and checkpoints go here
-    checkpoint_every: int = 0              # steps; 0 = only at the end (if out_dir)
-    resume: str | None = None              # checkpoint to resume from
-    log_every: int = 10
-    progress: bool = True
+
+ATTENTION_HELP = ("auto: flashlab on a GPU (compiled Triton kernels), sdpa on a CPU (the kernels would run in "
+                  "Triton's slow interpreter); may change on resume")
+
+
+@dataclass
+class RunConfig:
+    """How to train, whatever the task: optimisation and bookkeeping. The defaults suit the
+    associative-recall transformer; each task may bring its own (`flashlab.tsp_train.KOOL_RUN`)."""
+
+    steps: int = option(100, "train until this optimizer step (a resumed run counts on from its checkpoint)",
+                        low=1)
+    batch_size: int = option(32, "examples per optimizer step, all ranks and micro-batches together", low=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step; must divide batch_size / world size", low=1)
+    lr: float = option(3e-3, "peak learning rate (AdamW); a new value takes effect on resume", low=0, low_open=True)
+    weight_decay: float = option(0.1, "AdamW weight decay of matrices (none on norms and biases)", low=0)
+    adam_beta2: float = option(0.95, "AdamW's second-moment decay (torch's default: 0.999)", low=0, high=1,
+                               high_open=True)
+    warmup_steps: int = option(10, "steps of linear learning-rate warm-up", low=0)
+    min_lr_ratio: float = option(0.1, "the cosine decays to lr·min_lr_ratio at the last step (1: constant lr)",
+                                 low=0, high=1)
+    grad_clip: float = option(1.0, "largest global gradient norm; 0 = no clipping", low=0)
+    precision: str = option("32-true", "precision mode (flashlab.precision)",
+                            choices=tuple(PRECISIONS), on_resume="fixed")
+    tf32: bool = option(True, "fp32 matmuls on TF32 tensor cores (GPU only)")
+    max_bad_steps: int = option(20, "stop once this many optimizer steps in a row were skipped for a non-finite "
+                                    "loss or gradient norm; 0 = never stop (skip and count only)", low=0)
+    time_limit_min: float = option(0.0, "stop once training has taken this many minutes, counted across resumes; "
+                                        "0 = no limit", low=0)
+    seed: int = option(0, "seed of the initial weights and of every batch", low=0,
+                       on_resume="fixed")
+    device: str = option("auto", "auto: cuda when a GPU is visible, else cpu", choices=("auto", "cpu", "cuda"))
+    out_dir: str | None = option(None, "directory for metrics.csv and checkpoints (created if missing)")
+    checkpoint_every: int = option(0, "save checkpoint_<step>.pt and checkpoint_last.pt every this many steps; "
+                                      "0 = checkpoint_last.pt at the end only", low=0)
+    resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt); "
+                                      "the command line takes its fixed settings unless given")
+    log_every: int = option(10, "update the progress bar's numbers every this many steps", low=1)
+    progress: bool = option(True, "show a progress bar")
+
+    def check(self) -> None:
+        check_fields(self)
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device", "cuda was asked for but no CUDA GPU is visible to torch; use cpu or auto.")
+
+
+@dataclass
+class RecallConfig:
+    """The associative-recall task (flashlab.tasks) and the causal transformer that learns it."""
+
+    seq_len: int = option(64, "tokens per sequence; may change on resume (a curriculum) when positions=rotary",
+                          low=2)
+    num_pairs: int = option(8, "key-value pairs at the start of each sequence", low=1, on_resume="fixed")
+    vocab_size: int = option(64, "tokens in the vocabulary: keys from the lower half, values from the upper",
+                             low=2, on_resume="fixed")
+    query_rate: float = option(1.0, "probability that a query slot asks; < 1 puts filler between queries so recall "
+                                    "reaches far back (may change on resume)", low=0, low_open=True, high=1)
+    d_model: int = option(64, "model width", low=1, on_resume="fixed")
+    n_layers: int = option(2, "transformer blocks", low=1, on_resume="fixed")
+    n_heads: int = option(4, "attention heads; must divide d_model", low=1, on_resume="fixed")
+    dropout: float = option(0.0, "dropout probability in attention", low=0, high=1, high_open=True)
+    attention: str = option("auto", ATTENTION_HELP, choices=("auto", "flashlab", "sdpa", "naive"))
+    positions: str = option("learned", "learned: a position table of seq_len rows; rotary: RoPE, no table",
+                            choices=("learned", "rotary"), on_resume="fixed")
+    rotary_fraction: float = option(1.0, "share of each head's dimensions that rotary rotates", low=0, low_open=True,
+                                    high=1, on_resume="fixed")
+    checkpoint_blocks: bool = option(False, "activation checkpointing: recompute each block in the backward")
+
+    def check(self) -> None:
+        check_fields(self)
+        if self.d_model % self.n_heads:
+            raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}; pick a divisor.")
+        try:                                                             # the task's own checks
+            AssociativeRecall(self.seq_len, self.num_pairs, self.vocab_size, self.query_rate)
+        except ValueError as exc:
+            name, _, reason = str(exc).partition(": ")
+            raise ConfigError(name, reason) from None
+
+    def resume_mismatches(self, stored: dict) -> list[str]:
+        lines = resume_mismatches(self, stored)
+        if self.positions == "learned" and stored.get("seq_len") not in (None, self.seq_len):
+            lines.append(f"seq_len is {self.seq_len} but the checkpoint's learned position table has "
+                         f"{stored['seq_len']} rows (only positions=rotary runs may change seq_len)")
+        return lines
 
 
 class TrainingDiverged(RuntimeError):
@@ -107,30 +163,53 @@ def _distributed() -> tuple[int, int, int]:
 
 
 class Trainer:
-    """Builds task, model, optimizer, scheduler and scaler from a `TrainConfig`; `fit()`
-    trains, `train_step()` does one optimizer step, `save()`/`load()` checkpoint."""
+    """Builds task, model, optimizer, scheduler and scaler from a task config and a
+    `RunConfig`; `fit()` trains, `train_step()` does one optimizer step, `save()`/`load()`
+    checkpoint (`flashlab.checkpoint`: tensors and plain data, atomic, verified).
 
-    def __init__(self, config: TrainConfig):
-        self.config = c = config
+    This class trains the associative-recall transformer (`RecallConfig`); a task changes
+    the hooks below (`flashlab.tsp_train.TSPTrainer`)."""
+
+    task_config_class = RecallConfig
+    checkpoint_kind = "lm-training-state"
+    metric_name = "accuracy"          # the per-step task metric in the history and the CSV
+    work_unit = "tokens"              # what the throughput column counts: <work_unit>_per_s
+    clock = staticmethod(time.perf_counter)   # the training clock (time limit); tests give a fake one
+
+    def __init__(self, task=None, run: RunConfig | None = None):
+        task = self.task_config_class() if task is None else task
+        run = RunConfig() if run is None else run
+        if not isinstance(task, self.task_config_class):
+            raise TypeError(f"task: a {type(task).__name__}; {type(self).__name__} takes a "
+                            f"{self.task_config_class.__name__} (and a RunConfig as run).")
+        if not isinstance(run, RunConfig):
+            raise TypeError(f"run: a {type(run).__name__}; give a flashlab.train.RunConfig.")
+        task.check()
+        run.check()
+        device = run.device if run.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        run = dataclasses.replace(run, device=device)
+        if task.attention == "auto":
+            task = dataclasses.replace(task, attention=default_attention(device))
+        self.task_config, self.run = task, run
         self.rank, self.world, local_rank = _distributed()
-        if c.device == "auto":
-            c.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(f"cuda:{local_rank}" if c.device == "cuda" else c.device)
+        self.device = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.precision = get_precision(c.precision)
-        if (c.attention == "flashlab" and self.device.type == "cpu" and runtime.triton_interpreted()
+        self.precision = get_precision(run.precision)
+        if (task.attention == "flashlab" and self.device.type == "cpu" and runtime.triton_interpreted()
                 and self.precision.compute_dtype == torch.bfloat16):
-            raise ValueError("attention: flashlab's kernels run in Triton's interpreter on a CPU, which computes "
-                             "bf16 wrongly. Use attention='sdpa' or a 32-true / 16-mixed precision on CPU.")
-        if c.batch_size % (c.grad_accum * self.world):
-            raise ValueError(f"batch_size: {c.batch_size} is not divisible by grad_accum × world size = "
-                             f"{c.grad_accum} × {self.world}.")
-        self.micro_batch = c.batch_size // (c.grad_accum * self.world)
-        torch.backends.cuda.matmul.allow_tf32 = c.tf32
-        torch.backends.cudnn.allow_tf32 = c.tf32
+            raise ConfigError("attention", "flashlab's kernels run in Triton's interpreter on a CPU, which computes "
+                                           "bf16 wrongly. Use attention sdpa, or a 32-true / 16-mixed precision.")
+        if run.batch_size % (run.grad_accum * self.world):
+            raise ConfigError("batch_size", f"{run.batch_size} is not divisible by grad_accum × world size = "
+                                            f"{run.grad_accum} × {self.world}.")
+        if run.out_dir and self.rank == 0:
+            _check_writable_dir(run.out_dir)
+        self.micro_batch = run.batch_size // (run.grad_accum * self.world)
+        torch.backends.cuda.matmul.allow_tf32 = run.tf32
+        torch.backends.cudnn.allow_tf32 = run.tf32
 
-        torch.manual_seed(c.seed)                     # same initial weights on every rank
+        torch.manual_seed(run.seed)                   # same initial weights on every rank
         self.task = self.build_task()
         self.model = self.build_model().to(self.device, self.precision.param_dtype)
         self.ddp = None
@@ -142,37 +221,45 @@ class Trainer:
         # Adam divides by sqrt(v) + eps. In fp16 (16-true) eps = 1e-8 rounds to 0, and a weight
         # that has seen no gradient yet (v = 0) gets 0/0 = NaN: use the smallest safe eps there.
         eps = 1e-6 if self.precision.param_dtype == torch.float16 else 1e-8
-        groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=c.lr, betas=(0.9, c.adam_beta2), eps=eps)
+        groups = [{"params": decay, "weight_decay": run.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=run.lr, betas=(0.9, run.adam_beta2), eps=eps)
+        # the lambda reads self.run at every step, so steps, warm-up and decay may change on resume
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, c.warmup_steps, c.steps, c.min_lr_ratio))
+            self.optimizer, lambda s: lr_factor(s, self.run.warmup_steps, self.run.steps, self.run.min_lr_ratio))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.step, self.skipped_steps, self.bad_in_a_row = 0, 0, 0
-        self.train_seconds = 0.0                      # wall-clock inside fit(), all runs of a resumed job together
+        self.train_seconds = 0.0                      # training clock inside fit(), all runs of a resumed job together
         self.history: list[dict] = []
         self.flops_per_step = self._flops_per_step()
         self.peak = peak_flops(torch.cuda.get_device_name(self.device), self.precision.compute_dtype) \
             if self.device.type == "cuda" else None
-        if c.resume:
-            self.load(c.resume)
+        if run.resume:
+            self.load(run.resume)
 
-    # ---------------------------------------------------------------- what a subclass changes
-    metric_name = "accuracy"          # the per-step task metric in the history and the CSV
+    @property
+    def config(self):
+        """The task config (kept for reading: ``trainer.config.seq_len``)."""
+        return self.task_config
 
+    # ---------------------------------------------------------------- what a task changes
     def build_task(self):
-        c = self.config
+        c = self.task_config
         return AssociativeRecall(c.seq_len, c.num_pairs, c.vocab_size, c.query_rate)
 
     def build_model(self) -> torch.nn.Module:
-        c = self.config
+        c = self.task_config
         return CausalTransformer(c.vocab_size, c.seq_len, c.d_model, c.n_layers, c.n_heads, c.attention, c.dropout,
                                  c.checkpoint_blocks, c.positions, c.rotary_fraction)
+
+    def work_per_step(self) -> int:
+        """Units of `work_unit` in one optimizer step (all ranks): tokens here."""
+        return self.run.batch_size * self.task_config.seq_len
 
     def on_step_end(self, metrics: dict) -> None:
         """Called by `fit` after every step (a subclass may evaluate, update a baseline …)."""
 
     def extra_state(self) -> dict:
-        """More state for checkpoints (a subclass's baseline model, …)."""
+        """More state for checkpoints (a subclass's baseline model, …): tensors and plain data."""
         return {}
 
     def load_extra_state(self, state: dict) -> None:
@@ -181,7 +268,7 @@ class Trainer:
     # ---------------------------------------------------------------- data and loss
     def global_batch(self, step: int):
         """All rows of step ``step`` (inputs, targets), a function of (seed, step) only."""
-        return self.task.batch(self.config.batch_size, self.config.seed * 1_000_003 + step)
+        return self.task.batch(self.run.batch_size, self.run.seed * 1_000_003 + step)
 
     def batch(self, step: int, micro: int):
         """This rank's rows of micro-batch ``micro`` of step ``step``: rows
@@ -203,35 +290,35 @@ class Trainer:
     def _flops_per_step(self) -> float:
         """Model FLOPs of one optimizer step: 6 per parameter per token (forward 2, backward
         4) for the dense layers, plus attention counted as FlashAttention's papers do."""
-        c = self.config
-        tokens = c.batch_size * c.seq_len
-        dense = 6 * self.model.num_parameters(non_embedding=True) * tokens
+        c, batch = self.task_config, self.run.batch_size
+        dense = 6 * self.model.num_parameters(non_embedding=True) * batch * c.seq_len
         head_dim = c.d_model // c.n_heads
-        attn = c.n_layers * attention_flops(c.batch_size, c.n_heads, c.seq_len, head_dim, True, "fwd+bwd")
+        attn = c.n_layers * attention_flops(batch, c.n_heads, c.seq_len, head_dim, True, "fwd+bwd")
         return dense + attn
 
     # ---------------------------------------------------------------- one step
     def train_step(self) -> dict:
-        c, model = self.config, self.model
+        run, model = self.run, self.model
         model.train()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
         metric_sum = torch.zeros((), device=self.device)
         metric_count = torch.zeros((), device=self.device)
-        for micro in range(c.grad_accum):
+        for micro in range(run.grad_accum):
             inputs, targets = self.batch(self.step, micro)
-            last = micro == c.grad_accum - 1
+            last = micro == run.grad_accum - 1
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else contextlib.nullcontext()
             with sync:
                 with self.precision.autocast(self.device.type):
                     loss, total, count = self.compute_loss(inputs, targets)
-                self.scaler.scale(loss / c.grad_accum).backward()   # each micro-batch: 1/accum of the mean
+                self.scaler.scale(loss / run.grad_accum).backward()   # each micro-batch: 1/accum of the mean
             loss_sum += loss.detach().float()
             metric_sum += total
             metric_count += count
         self.scaler.unscale_(self.optimizer)                        # true gradients before clipping
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip if c.grad_clip > 0 else math.inf)
-        stats = torch.stack([loss_sum / c.grad_accum, metric_sum.float(), metric_count.float()])
+        clip = run.grad_clip if run.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        stats = torch.stack([loss_sum / run.grad_accum, metric_sum.float(), metric_count.float()])
         if self.world > 1:
             dist.all_reduce(stats)
             stats[0] /= self.world
@@ -254,93 +341,118 @@ class Trainer:
         metrics = {"step": self.step, "loss": loss_value,
                    self.metric_name: metric_total / max(metric_n, 1),
                    "grad_norm": grad_norm.item(), "lr": lr, "loss_scale": scale, "skipped": int(not finite),
-                   "step_ms": seconds * 1e3, "tokens_per_s": c.batch_size * c.seq_len / seconds,
+                   "step_ms": seconds * 1e3, f"{self.work_unit}_per_s": self.work_per_step() / seconds,
                    "mfu": self.flops_per_step / seconds / self.peak if (self.peak and finite and self.flops_per_step)
                    else float("nan")}
         self.step += 1
-        if self.bad_in_a_row >= c.max_bad_steps:
+        # max_bad_steps: the number of consecutive skipped steps that stops the run; 0 turns the stop off
+        if run.max_bad_steps and self.bad_in_a_row >= run.max_bad_steps:
             raise TrainingDiverged(
                 f"{self.bad_in_a_row} consecutive steps had a non-finite loss or gradient norm (last: step "
                 f"{self.step - 1}, loss {loss_value}, grad norm {grad_norm.item()}). Lower lr, use bf16-mixed instead "
-                f"of 16-true/16-mixed, or check the data; max_bad_steps={c.max_bad_steps} set this limit.")
+                f"of 16-true/16-mixed, or check the data; max_bad_steps={run.max_bad_steps} set this limit.")
         return metrics
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> list[dict]:
         from tqdm.auto import tqdm
 
-        c = self.config
-        out = Path(c.out_dir) if c.out_dir else None
+        run = self.run
+        out = Path(run.out_dir) if run.out_dir else None
         if out and self.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(total=c.steps, initial=self.step, desc=f"train {c.precision} {c.attention}",
-                   disable=not c.progress or self.rank != 0)
-        while self.step < c.steps:
-            if c.time_limit_min and self.train_seconds >= 60 * c.time_limit_min:
+            # a run killed after writing rows past its last checkpoint redoes those steps: drop their rows
+            _truncate_csv(out / "metrics.csv", self.step)
+        bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
+                   desc=f"train {run.precision} {self.task_config.attention}")
+        rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")
+        while self.step < run.steps:
+            if run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min:
                 break
-            started = time.perf_counter()
+            started = self.clock()
             metrics = self.train_step()
             self.on_step_end(metrics)
-            self.train_seconds += time.perf_counter() - started
+            self.train_seconds += self.clock() - started
             metrics["train_seconds"] = self.train_seconds
             self.history.append(metrics)
             if out and self.rank == 0:
-                self._append_csv(out / "metrics.csv", metrics)
-            if metrics["step"] % c.log_every == 0 or self.step == c.steps:
+                _append_csv(out / "metrics.csv", metrics)
+            if metrics["step"] % run.log_every == 0 or self.step == run.steps:
                 postfix = {"loss": f"{metrics['loss']:.3f}", self.metric_name: f"{metrics[self.metric_name]:.3g}",
-                           "tok/s": f"{metrics['tokens_per_s']:.3g}"}
+                           rate_label: f"{metrics[f'{self.work_unit}_per_s']:.3g}"}
                 if not math.isnan(metrics["mfu"]):
                     postfix["MFU"] = f"{metrics['mfu']:.1%}"
                 bar.set_postfix(postfix)
             bar.update(1)
-            if out and c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                self.save(out / f"checkpoint_{self.step}.pt")
+            if out and run.checkpoint_every and self.step % run.checkpoint_every == 0:
+                self.save([out / f"checkpoint_{self.step}.pt", out / "checkpoint_last.pt"])
         bar.close()
         if out:
             self.save(out / "checkpoint_last.pt")
         return self.history
 
-    @staticmethod
-    def _append_csv(path: Path, metrics: dict):
-        # Columns are fixed by the file's header (a resumed run appends to the same file);
-        # a metric the header lacks is an error rather than a silently shifted column.
-        header = None
-        if path.exists():
-            with path.open(newline="") as f:
-                header = next(csv.reader(f), None)
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")
-            if not header:
-                writer.writeheader()
-            writer.writerow(metrics)
-
     # ---------------------------------------------------------------- checkpoints
-    def save(self, path) -> None:
-        """Everything a resumed run needs to continue exactly (rank 0 writes)."""
+    def state(self) -> dict:
+        """Everything a resumed run needs to continue exactly: tensors and plain data."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "step": self.step, "skipped_steps": self.skipped_steps, "bad_in_a_row": self.bad_in_a_row,
+                "history": self.history, "train_seconds": self.train_seconds, "rng_cpu": torch.get_rng_state(),
+                "rng_cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else None,
+                "extra": self.extra_state()}
+
+    def save(self, paths) -> None:
+        """Write the training state to ``paths`` (one or several), atomically (rank 0 writes)."""
         if self.rank != 0:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                 "step": self.step, "skipped_steps": self.skipped_steps, "history": self.history,
-                 "train_seconds": self.train_seconds,
-                 "config": dataclasses.asdict(self.config), "rng_cpu": torch.get_rng_state(),
-                 "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                 "extra": self.extra_state()}
-        torch.save(state, path)
+        config = {"task": dataclasses.asdict(self.task_config), "run": dataclasses.asdict(self.run)}
+        checkpoint.save(paths, self.checkpoint_kind, config, self.state())
 
     def load(self, path) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        """Restore a training state saved by `save`, after checking that it comes from the same
+        model and task: every "fixed" field (`flashlab.config.option`) must match, and the
+        error lists each one that does not. Fixed: the model's shape (d_model, n_layers,
+        n_heads, positions, rotary_fraction; TSP: n_nodes, ff_dim, tanh_clip …), the task's
+        identity (num_pairs, vocab_size; TSP: epoch_steps, eval_instances), seed and
+        precision; seq_len too with learned positions. Everything else may change and takes
+        effect: steps, time limit, batch size and accumulation, lr, weight decay, beta2,
+        warm-up and decay (applied to the restored optimizer and scheduler), clipping,
+        max_bad_steps, logging, checkpointing, device, attention, dropout, query_rate."""
+        try:
+            saved = checkpoint.load(path, kind=self.checkpoint_kind, map_location=self.device)
+        except checkpoint.CheckpointError as exc:
+            raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
+        mismatches = (self.task_config.resume_mismatches(saved.config["task"])
+                      + resume_mismatches(self.run, saved.config["run"]))
+        if mismatches:
+            raise ConfigError("resume", f"{path} comes from a different run: {'; '.join(mismatches)}. Give the "
+                                        f"checkpoint's values, or start a new run without resume.")
+        state = saved.state
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.skipped_steps = state["step"], state["skipped_steps"]
-        self.train_seconds = state.get("train_seconds", 0.0)
+        self.bad_in_a_row = state.get("bad_in_a_row", 0)
+        self.train_seconds = state["train_seconds"]
         self.history = list(state["history"])
-        self.load_extra_state(state.get("extra", {}))
+        self.load_extra_state(state["extra"])
         torch.set_rng_state(state["rng_cpu"].cpu())
         if state["rng_cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        self._apply_run_settings()
+
+    def _apply_run_settings(self) -> None:
+        """Put this run's optimisation settings into the restored optimizer and scheduler (whose
+        state dicts carry the old ones): the learning rate at the current step follows the
+        new lr, warm-up, decay and step count."""
+        run = self.run
+        self.scheduler.base_lrs = [run.lr] * len(self.optimizer.param_groups)
+        factor = lr_factor(self.scheduler.last_epoch, run.warmup_steps, run.steps, run.min_lr_ratio)
+        for group, decay in zip(self.optimizer.param_groups, (run.weight_decay, 0.0)):
+            group.update(initial_lr=run.lr, lr=run.lr * factor, weight_decay=decay,
+                         betas=(group["betas"][0], run.adam_beta2))
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def evaluate(self, batches: int = 4, seed: int = 10**9) -> float:
         """Recall accuracy on fresh batches (seeds far from the training seeds)."""
@@ -374,16 +486,73 @@ class Trainer:
                 for lo, hi, r, n in zip(edges[:-1], edges[1:], right, total)]
 
 
-def train(config: TrainConfig | None = None, **overrides) -> Trainer:
-    """Train with ``config`` (or the defaults) updated by ``overrides``; returns the Trainer."""
-    config = dataclasses.replace(config or TrainConfig(), **overrides)
-    trainer = Trainer(config)
+def _check_writable_dir(directory) -> None:
+    """Create ``directory`` if needed and make sure a file can be written there, before training."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ConfigError("out_dir", f"cannot write to {directory} ({exc.strerror or exc}); give a directory you "
+                                     f"can write to.") from None
+
+
+def _csv_rows(path: Path) -> tuple[list[str] | None, list[list[str]]]:
+    if not path.exists():
+        return None, []
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    return (rows[0], rows[1:]) if rows else (None, [])
+
+
+def _truncate_csv(path: Path, step: int) -> None:
+    """Keep only the complete rows of steps before ``step`` (a resumed run writes the rest
+    again; a fresh run, step 0, starts the file over). Rewritten atomically."""
+    if step == 0:
+        path.unlink(missing_ok=True)
+        return
+    header, rows = _csv_rows(path)
+    if header is None:
+        return
+    column = header.index("step")
+    keep = [r for r in rows if len(r) == len(header) and r[column] and float(r[column]) < step]
+    if len(keep) == len(rows):
+        return
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, *keep])
+    checkpoint.write_atomically(path, buffer.getvalue().encode())
+
+
+def _append_csv(path: Path, metrics: dict) -> None:
+    # Columns are fixed by the file's header (a resumed run appends to the same file);
+    # a metric the header lacks is an error rather than a silently shifted column.
+    header, _ = _csv_rows(path)
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")
+        if not header:
+            writer.writeheader()
+        writer.writerow(metrics)
+
+
+def split_flat_config(flat: dict, task_class=RecallConfig) -> tuple:
+    """(task config, RunConfig) from one flat dict of settings, as the first flashlab wrote
+    them (a recorded run's JSON): each key goes to the config that has that field; a key
+    neither has is an error."""
+    task, run = apply_changes((task_class(), RunConfig()), flat)
+    return task, run
+
+
+def train(task: RecallConfig | None = None, run: RunConfig | None = None, **changes) -> Trainer:
+    """Train ``task`` with ``run`` (defaults for either) updated by ``changes`` (any field of
+    either config, by name); returns the Trainer."""
+    task, run = apply_changes((task or RecallConfig(), run or RunConfig()), changes)
+    trainer = Trainer(task, run)
     trainer.fit()
     return trainer
 
 
-def train_in_phases(config: TrainConfig, phases, out_dir):
-    """A curriculum: for each ``(name, changes, minutes)`` of ``phases``, train ``config``
+def train_in_phases(task: RecallConfig, run: RunConfig, phases, out_dir):
+    """A curriculum: for each ``(name, changes, minutes)`` of ``phases``, train ``task``/``run``
     updated by ``changes`` (sequence length, batch, query rate …) for ``minutes`` more,
     resuming the previous phase's checkpoint (weights, optimizer, step count, clock).
     Yields ``(name, trainer)`` after each phase, to evaluate before the next; metrics and
@@ -391,8 +560,9 @@ def train_in_phases(config: TrainConfig, phases, out_dir):
     minutes_so_far, previous = 0.0, None
     for name, changes, minutes in phases:
         minutes_so_far += minutes
-        trainer = Trainer(dataclasses.replace(config, **changes, out_dir=f"{out_dir}/{name}",
-                                              time_limit_min=minutes_so_far, resume=previous))
+        phase_task, phase_run = apply_changes((task, run), {**changes, "out_dir": f"{out_dir}/{name}",
+                                                            "time_limit_min": minutes_so_far, "resume": previous})
+        trainer = Trainer(phase_task, phase_run)
         trainer.fit()
         previous = f"{out_dir}/{name}/checkpoint_last.pt"
         yield name, trainer

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import checkpoint
 from .flash_attention import attention
 
 # Kool et al. 2019, Table 1 (greedy decoding): optimal tour length and the AM's own result.
@@ -202,17 +203,21 @@ def plot_tour(ax, coords: torch.Tensor, tour: torch.Tensor, style: str = "-", la
 
 
 def save_model(model: AttentionModel, path, **metadata) -> None:
-    """A checkpoint with the weights, the architecture and free-form metadata (training time, …)."""
+    """A "tsp-model" checkpoint (`flashlab.checkpoint`): the weights, the architecture and
+    free-form plain metadata (training time, …), written atomically."""
     config = {"embed_dim": model.init_embed.out_features, "n_heads": model.n_heads, "n_layers": len(model.layers),
               "ff_dim": model.layers[0].ff[0].out_features, "tanh_clip": model.tanh_clip}
-    torch.save({"model": model.state_dict(), "config": config, "metadata": metadata}, path)
+    checkpoint.save(path, "tsp-model", config, {"model": model.state_dict()}, metadata)
 
 
 def load_model(path, device="cpu", attention_fn=attention) -> tuple[AttentionModel, dict]:
-    state = torch.load(path, map_location=device, weights_only=False)
-    model = AttentionModel(**state["config"], attention_fn=attention_fn).to(device)
-    model.load_state_dict(state["model"])
-    return model.eval(), state.get("metadata", {})
+    """The Attention Model of a "tsp-model" checkpoint, in evaluation mode, and its metadata.
+    Reads tensors and plain data only (``weights_only=True``) and verifies the checksum;
+    raises `flashlab.checkpoint.CheckpointError` for anything else."""
+    saved = checkpoint.load(path, kind="tsp-model", map_location=device)
+    model = AttentionModel(**saved.config, attention_fn=attention_fn).to(device)
+    model.load_state_dict(saved.state["model"])
+    return model.eval(), saved.metadata
 
 
 def evaluate(model: AttentionModel, n_nodes: int, instances: int, seed: int, device="cpu", batch_size: int = 1000):

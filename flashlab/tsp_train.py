@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import ConfigError, check_fields, option, resume_mismatches
 from .model import ATTENTION
-from .train import TrainConfig, Trainer
+from .train import ATTENTION_HELP, RunConfig, Trainer
 from .tsp import AttentionModel, random_instances, save_model, tour_length
 
 
@@ -71,43 +72,63 @@ def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 @dataclass
-class TSPConfig(TrainConfig):
-    """Kool et al.'s setup: 3 layers, 8 heads, width 128, feed-forward 512, tanh clipping 10,
-    Adam at 1e-4 (constant), gradient clipping 1.0, batch 512."""
+class TSPConfig:
+    """The task and the Attention Model: Kool et al.'s setup (3 layers, 8 heads, width 128,
+    feed-forward 512, tanh clipping 10). Their optimisation (Adam at 1e-4, constant,
+    clipping 1.0, batch 512) is `KOOL_RUN`."""
 
-    n_nodes: int = 20
-    d_model: int = 128
-    n_heads: int = 8
-    n_layers: int = 3
-    ff_dim: int = 512
-    tanh_clip: float = 10.0
-    attention: str = "flashlab"
-    batch_size: int = 512
-    lr: float = 1e-4
-    adam_beta2: float = 0.999            # torch.optim.Adam's default, as Kool et al. use
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    min_lr_ratio: float = 1.0
-    epoch_steps: int = 250               # steps between baseline tests
-    eval_instances: int = 1000           # the fixed set the t-test compares on
-    alpha: float = 0.05
-    rollout_batch: int = 8192            # instances per batch when the baseline rolls out a whole epoch
+    n_nodes: int = option(20, "cities per instance", low=3, on_resume="fixed")
+    d_model: int = option(128, "embedding width", low=1, on_resume="fixed")
+    n_heads: int = option(8, "attention heads; must divide d_model", low=1, on_resume="fixed")
+    n_layers: int = option(3, "encoder layers", low=1, on_resume="fixed")
+    ff_dim: int = option(512, "feed-forward width", low=1, on_resume="fixed")
+    tanh_clip: float = option(10.0, "logits are clipped to ±tanh_clip·tanh(·)", low=0, low_open=True,
+                              on_resume="fixed")
+    attention: str = option("auto", ATTENTION_HELP, choices=("auto", "flashlab", "sdpa", "naive"))
+    epoch_steps: int = option(250, "steps between baseline tests (an epoch)", low=1, on_resume="fixed")
+    eval_instances: int = option(1000, "instances of the fixed set the baseline's t-test compares on", low=2,
+                                 on_resume="fixed")
+    alpha: float = option(0.05, "significance level of the one-sided paired t-test", low=0, high=1, low_open=True,
+                          high_open=True)
+    rollout_batch: int = option(8192, "instances per batch when the baseline rolls out a whole epoch", low=1)
+
+    def check(self) -> None:
+        check_fields(self)
+        if self.d_model % self.n_heads:
+            raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}; pick a divisor.")
+
+    def resume_mismatches(self, stored: dict) -> list[str]:
+        return resume_mismatches(self, stored)
+
+
+# Kool et al.'s optimisation: Adam (β2 = 0.999, torch's default) at a constant 1e-4, no weight
+# decay, gradient clipping 1.0, 512 instances per step.
+KOOL_RUN = RunConfig(batch_size=512, lr=1e-4, adam_beta2=0.999, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
 
 
 class TSPTrainer(Trainer):
-    """The flashlab Trainer with REINFORCE for the Attention Model; the per-step metric is
-    the mean length of the sampled tours."""
+    """The flashlab Trainer with REINFORCE for the Attention Model: ``TSPTrainer(TSPConfig(…),
+    KOOL_RUN)``. The per-step metric is the mean length of the sampled tours; the work per
+    step, instances."""
 
+    task_config_class = TSPConfig
+    checkpoint_kind = "tsp-training-state"
     metric_name = "tour_length"
+    work_unit = "instances"
+
+    def __init__(self, task: TSPConfig | None = None, run: RunConfig | None = None):
+        super().__init__(task, KOOL_RUN if run is None else run)
 
     def build_task(self):
-        c = self.config
-        c.seq_len = c.n_nodes                     # "tokens" per instance in the throughput column: its cities
-        self.eval_coords = random_instances(c.eval_instances, c.n_nodes, seed=-(c.seed + 1) % 2**31)
+        c = self.task_config
+        self.eval_coords = random_instances(c.eval_instances, c.n_nodes, seed=-(self.run.seed + 1) % 2**31)
         return None
 
+    def work_per_step(self) -> int:
+        return self.run.batch_size
+
     def build_model(self):
-        c = self.config
+        c = self.task_config
         model = AttentionModel(c.d_model, c.n_heads, c.n_layers, c.ff_dim, c.tanh_clip, ATTENTION[c.attention])
         self.baseline = copy.deepcopy(model).eval()
         self.baseline_updates = 0
@@ -120,13 +141,13 @@ class TSPTrainer(Trainer):
     def global_batch(self, step):
         """Step ``step``'s instances (a function of seed and step) and the baseline's greedy tour
         lengths on them, which stand where a language model's targets would."""
-        c = self.config
+        c, batch, seed = self.task_config, self.run.batch_size, self.run.seed
         epoch = step // c.epoch_steps
         if self._epoch is None or self._epoch[0] != epoch:
             steps = range(epoch * c.epoch_steps, (epoch + 1) * c.epoch_steps)
-            coords = torch.stack([random_instances(c.batch_size, c.n_nodes, c.seed * 1_000_003 + s) for s in steps])
+            coords = torch.stack([random_instances(batch, c.n_nodes, seed * 1_000_003 + s) for s in steps])
             lengths = self._greedy_lengths(self.baseline, coords.flatten(0, 1), c.rollout_batch)
-            self._epoch = (epoch, coords, lengths.view(len(steps), c.batch_size).cpu())
+            self._epoch = (epoch, coords, lengths.view(len(steps), batch).cpu())
         i = step - epoch * c.epoch_steps
         return self._epoch[1][i], self._epoch[2][i]
 
@@ -148,7 +169,7 @@ class TSPTrainer(Trainer):
         return self._greedy_lengths(model, self.eval_coords, 1000)
 
     def on_step_end(self, metrics):
-        c = self.config
+        c = self.task_config
         # every row has the same columns (the metrics CSV); NaN where the epoch has not ended
         metrics.update(baseline_updated=0, eval_tour_length=math.nan, baseline_tour_length=math.nan, t_test_p=math.nan)
         if self.step % c.epoch_steps:
@@ -179,4 +200,4 @@ class TSPTrainer(Trainer):
 
     def export(self, path, **metadata):
         """The policy alone, in the format `python -m flashlab eval-tsp` loads."""
-        save_model(self.model, path, n_nodes=self.config.n_nodes, steps=self.step, **metadata)
+        save_model(self.model, path, n_nodes=self.task_config.n_nodes, steps=self.step, **metadata)

@@ -1,7 +1,6 @@
 """The trainer on CPU: precision modes, schedule, accumulation, clipping after unscaling,
 activation checkpointing, resume, the NaN guard, DDP with gloo, and the command line."""
 
-import dataclasses
 import math
 import os
 import subprocess
@@ -11,11 +10,26 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from flashlab.config import apply_changes
 from flashlab.tasks import IGNORE_INDEX, AssociativeRecall, lookback
-from flashlab.train import TrainConfig, Trainer, TrainingDiverged, lr_factor, read_metrics, train, train_in_phases
+from flashlab.train import (
+    RecallConfig,
+    RunConfig,
+    Trainer,
+    TrainingDiverged,
+    lr_factor,
+    read_metrics,
+    train,
+    train_in_phases,
+)
 
-TINY = TrainConfig(seq_len=32, num_pairs=4, vocab_size=32, d_model=32, n_layers=2, n_heads=2, batch_size=8,
-                   steps=4, warmup_steps=2, progress=False, device="cpu")
+TASK = RecallConfig(seq_len=32, num_pairs=4, vocab_size=32, d_model=32, n_layers=2, n_heads=2, attention="sdpa")
+RUN = RunConfig(batch_size=8, steps=4, warmup_steps=2, progress=False, device="cpu")
+
+
+def tiny(**changes):
+    """(task, run): the tiny configs with ``changes`` applied to whichever owns each field."""
+    return apply_changes((TASK, RUN), changes)
 
 
 def _params(trainer):
@@ -68,7 +82,7 @@ def test_lookback_is_the_distance_to_the_previous_occurrence(n):
 
 
 def test_accuracy_by_lookback_adds_up_to_the_accuracy():
-    trainer = train(dataclasses.replace(TINY, steps=20, query_rate=0.5))
+    trainer = train(*tiny(steps=20, query_rate=0.5))
     rows = trainer.evaluate_by_lookback(edges=(0, 1, 8, 10**6), batches=2, seed=5)
     assert [r["lookback_from"] for r in rows] == [0, 1, 8]
     assert rows[1]["answers"] > 0 and rows[2]["answers"] > 0
@@ -89,7 +103,7 @@ def test_learning_rate_warms_up_then_decays_by_cosine():
                                                    ("16-mixed", torch.float32), ("bf16-true", torch.bfloat16),
                                                    ("16-true", torch.float16)])
 def test_every_precision_mode_trains_on_cpu(precision, param_dtype):
-    trainer = Trainer(dataclasses.replace(TINY, precision=precision, steps=3))
+    trainer = Trainer(*tiny(precision=precision, steps=3))
     before = _params(trainer)
     history = trainer.fit()
     assert all(p.dtype == param_dtype for p in trainer.model.parameters())
@@ -102,31 +116,31 @@ def test_every_precision_mode_trains_on_cpu(precision, param_dtype):
 def test_flashlab_attention_in_the_trainer():
     """The Triton kernels inside the model (the interpreter on CPU: one tiny step), giving
     the same loss and gradient norm as SDPA."""
-    config = dataclasses.replace(TINY, batch_size=2, steps=1)
-    ours, theirs = train(dataclasses.replace(config, attention="flashlab")), train(config)
+    config = tiny(batch_size=2, steps=1)
+    ours, theirs = train(*config, attention="flashlab"), train(*config)
     assert ours.history[0]["loss"] == pytest.approx(theirs.history[0]["loss"], rel=1e-5)
     assert ours.history[0]["grad_norm"] == pytest.approx(theirs.history[0]["grad_norm"], rel=1e-4)
 
 
 def test_learns_associative_recall():
-    trainer = train(dataclasses.replace(TINY, steps=150, warmup_steps=10, batch_size=32))
+    trainer = train(*tiny(steps=150, warmup_steps=10, batch_size=32))
     first, last = trainer.history[0]["loss"], sum(m["loss"] for m in trainer.history[-10:]) / 10
     assert last < first - 1.0, (first, last)
 
 
 def test_gradient_accumulation_equals_the_full_batch():
-    full = train(dataclasses.replace(TINY, steps=3))
-    accumulated = train(dataclasses.replace(TINY, steps=3, grad_accum=4))
+    full = train(*tiny(steps=3))
+    accumulated = train(*tiny(steps=3, grad_accum=4))
     for a, b in zip(full.model.parameters(), accumulated.model.parameters()):   # summation order: rounding only
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_clipping_sees_unscaled_gradients():
     """16-mixed multiplies the loss by 65536; the norm that clipping sees must be the true one."""
-    mixed = train(dataclasses.replace(TINY, precision="16-mixed", steps=1))
-    exact = train(dataclasses.replace(TINY, precision="32-true", steps=1))
+    mixed = train(*tiny(precision="16-mixed", steps=1))
+    exact = train(*tiny(precision="32-true", steps=1))
     assert mixed.history[0]["grad_norm"] == pytest.approx(exact.history[0]["grad_norm"], rel=2e-2)
-    clipped = Trainer(dataclasses.replace(TINY, precision="16-mixed", grad_clip=1e-3, lr=1.0, warmup_steps=1,
+    clipped = Trainer(*tiny(precision="16-mixed", grad_clip=1e-3, lr=1.0, warmup_steps=1,
                                           weight_decay=0.0))
     before = _params(clipped)
     clipped.train_step()
@@ -138,30 +152,71 @@ def test_clipping_sees_unscaled_gradients():
 
 
 def test_activation_checkpointing_gives_the_same_training():
-    plain = train(dataclasses.replace(TINY, steps=3))
-    recomputed = train(dataclasses.replace(TINY, steps=3, checkpoint_blocks=True))
+    plain = train(*tiny(steps=3))
+    recomputed = train(*tiny(steps=3, checkpoint_blocks=True))
     assert [m["loss"] for m in plain.history] == pytest.approx([m["loss"] for m in recomputed.history], rel=1e-6)
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"])
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, precision):
     """With dropout on, the run depends on the RNG state too: model, optimizer, scheduler,
-    scaler, step and RNG must all come back."""
-    config = dataclasses.replace(TINY, steps=8, dropout=0.1, precision="16-mixed")
-    straight = train(config)
-    interrupted = _Interrupted(dataclasses.replace(config, out_dir=str(tmp_path), checkpoint_every=4))
+    scaler, step and RNG must all come back, in every precision mode."""
+    config = tiny(steps=6, dropout=0.1, precision=precision)
+    straight = train(*config)
+    interrupted = _Interrupted(*apply_changes(config, {"out_dir": str(tmp_path), "checkpoint_every": 3}))
+    interrupted.stop_at = 4
     with pytest.raises(KeyboardInterrupt):
-        interrupted.fit()                                   # dies in step 5, after the step-4 checkpoint
-    resumed = train(dataclasses.replace(config, resume=str(tmp_path / "checkpoint_4.pt")))
+        interrupted.fit()                                   # dies in step 4, after the step-3 checkpoint
+    resumed = train(*config, resume=str(tmp_path / "checkpoint_last.pt"), out_dir=str(tmp_path))
+    assert all(math.isfinite(m["loss"]) for m in resumed.history)
     assert [m["loss"] for m in resumed.history] == [m["loss"] for m in straight.history]
     for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == list(range(6))   # each step once
+
+
+def test_resume_refuses_another_model_or_task_and_lists_every_mismatch(tmp_path):
+    train(*tiny(steps=2, out_dir=str(tmp_path)))
+    last = str(tmp_path / "checkpoint_last.pt")
+    with pytest.raises(ValueError, match=r"^resume: .*n_heads is 4 but the checkpoint has 2; "
+                                         r"vocab_size|^resume: .*vocab_size is 64 .*n_heads is 4"):
+        Trainer(*tiny(n_heads=4, vocab_size=64, resume=last))
+    with pytest.raises(ValueError, match="seq_len is 64 but the checkpoint's learned position table has 32"):
+        Trainer(*tiny(seq_len=64, resume=last))
+    with pytest.raises(ValueError, match="precision is '16-true' but the checkpoint has '32-true'"):
+        Trainer(*tiny(precision="16-true", resume=last))
+    # fields that may change do: steps, logging, time limit, query rate, attention, batch
+    resumed = Trainer(*tiny(steps=3, log_every=1, time_limit_min=5.0, query_rate=0.5, batch_size=4, resume=last))
+    assert resumed.step == 2 and resumed.run.steps == 3 and resumed.task.query_rate == 0.5
+
+
+def test_a_new_learning_rate_applies_on_resume(tmp_path):
+    """The scheduler's state holds the old base lr; resuming with another lr must use the new
+    one (and the new warm-up/decay), not silently keep the old."""
+    train(*tiny(steps=3, lr=1e-3, warmup_steps=0, min_lr_ratio=1.0, out_dir=str(tmp_path)))
+    resumed = train(*tiny(steps=5, lr=0.25, warmup_steps=0, min_lr_ratio=1.0,
+                          resume=str(tmp_path / "checkpoint_last.pt")))
+    assert [m["lr"] for m in resumed.history] == pytest.approx([1e-3] * 3 + [0.25] * 2)
+    assert all(g["lr"] == pytest.approx(0.25) for g in resumed.optimizer.param_groups)
+
+
+def test_metrics_continue_exactly_after_resuming_an_earlier_checkpoint(tmp_path):
+    """A run that wrote rows past its last checkpoint (then died) redoes those steps: their
+    rows are replaced, not repeated."""
+    train(*tiny(steps=7, out_dir=str(tmp_path), checkpoint_every=4))      # rows 0…6, checkpoint_4 and _last (7)
+    train(*tiny(steps=12, out_dir=str(tmp_path), resume=str(tmp_path / "checkpoint_4.pt")))
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == list(range(12))
+    train(*tiny(steps=2, out_dir=str(tmp_path)))                           # a fresh run starts the file over
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == [0, 1]
 
 
 class _Interrupted(Trainer):
-    """A run killed in the middle of step 5."""
+    """A run killed in the middle of step ``stop_at``."""
+
+    stop_at = 5
 
     def compute_loss(self, inputs, targets):
-        if self.step == 5:
+        if self.step == self.stop_at:
             raise KeyboardInterrupt
         return super().compute_loss(inputs, targets)
 
@@ -180,7 +235,7 @@ class _NaNAt(Trainer):
 
 
 def test_nan_guard_skips_and_counts_bad_steps():
-    trainer = _NaNAt(dataclasses.replace(TINY, steps=5))
+    trainer = _NaNAt(*tiny(steps=5))
     trainer.bad_steps = {2}
     trainer.train_step(), trainer.train_step()
     before = _params(trainer)
@@ -191,27 +246,40 @@ def test_nan_guard_skips_and_counts_bad_steps():
 
 
 def test_nan_guard_stops_after_k_bad_steps_in_a_row():
-    trainer = _NaNAt(dataclasses.replace(TINY, steps=20, max_bad_steps=3))
+    trainer = _NaNAt(*tiny(steps=20, max_bad_steps=3))
     trainer.always_from = 1
     with pytest.raises(TrainingDiverged, match="3 consecutive steps"):
         trainer.fit()
     assert trainer.step == 4 and trainer.skipped_steps == 3
 
 
+def test_max_bad_steps_zero_turns_the_stop_off():
+    trainer = _NaNAt(*tiny(steps=6, max_bad_steps=0))
+    trainer.always_from = 1
+    history = trainer.fit()                                        # never raises: skips and counts only
+    assert len(history) == 6 and trainer.skipped_steps == 5
+
+
 def test_clear_errors():
     with pytest.raises(ValueError, match="^precision:"):
-        Trainer(dataclasses.replace(TINY, precision="fp8"))
+        Trainer(*tiny(precision="fp8"))
     with pytest.raises(ValueError, match="^batch_size:"):
-        Trainer(dataclasses.replace(TINY, batch_size=6, grad_accum=4))
+        Trainer(*tiny(batch_size=6, grad_accum=4))
     with pytest.raises(ValueError, match="^attention:"):
-        Trainer(dataclasses.replace(TINY, attention="fast"))
+        Trainer(*tiny(attention="fast"))
+    with pytest.raises(ValueError, match="^n_heads: 3 does not divide d_model=32"):
+        Trainer(*tiny(n_heads=3))
+    with pytest.raises(ValueError, match="^num_pairs:"):
+        Trainer(*tiny(num_pairs=40))
+    with pytest.raises(TypeError, match="^task: a RunConfig"):
+        Trainer(RUN, TASK)
 
 
 def _ddp_worker(rank, world, port, config, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    trainer = train(config)
+    trainer = train(*config)
     torch.save([p.detach() for p in trainer.model.parameters()], f"{out}/rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
@@ -224,11 +292,11 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = dataclasses.replace(TINY, steps=3)
+    config = tiny(steps=3)
     mp.spawn(_ddp_worker, args=(2, port, config, str(tmp_path)), nprocs=2, join=True)
     rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "replicas diverged"
-    single = train(config)
+    single = train(*config)
     for a, b in zip(single.model.parameters(), rank0):   # gradients summed in another order: rounding only
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -258,10 +326,10 @@ def test_read_metrics_gives_floats_and_nan_for_empty(tmp_path):
 
 
 def test_train_in_phases_resumes_each_phase_from_the_last(tmp_path):
-    config = dataclasses.replace(TINY, steps=10**6, positions="rotary")     # no position table to outgrow
+    task, run = tiny(steps=10**6, positions="rotary")     # no position table to outgrow
     phases = [("short", {"steps": 3}, 10.0), ("long", {"seq_len": 64, "query_rate": 0.5, "steps": 5}, 10.0)]
-    seen = [(name, trainer.step, trainer.config.seq_len, trainer.train_seconds)
-            for name, trainer in train_in_phases(config, phases, tmp_path)]
+    seen = [(name, trainer.step, trainer.task_config.seq_len, trainer.train_seconds)
+            for name, trainer in train_in_phases(task, run, phases, tmp_path)]
     assert [s[:3] for s in seen] == [("short", 3, 32), ("long", 5, 64)]   # the step count runs on
     assert seen[1][3] > seen[0][3] > 0                                     # so does the training clock
     assert (tmp_path / "long" / "checkpoint_last.pt").exists()

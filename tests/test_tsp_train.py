@@ -8,11 +8,29 @@ import pytest
 import torch
 
 from flashlab.__main__ import main
+from flashlab.config import apply_changes
 from flashlab.tsp import random_instances, tour_length
-from flashlab.tsp_train import TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
+from flashlab.tsp_train import KOOL_RUN, TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
 
-TINY = TSPConfig(n_nodes=6, batch_size=16, steps=4, epoch_steps=2, eval_instances=32, d_model=16, n_heads=2,
-                 n_layers=1, ff_dim=32, attention="sdpa", device="cpu", progress=False, lr=1e-3)
+TASK = TSPConfig(n_nodes=6, epoch_steps=2, eval_instances=32, d_model=16, n_heads=2, n_layers=1, ff_dim=32,
+                 attention="sdpa")
+RUN = dataclasses.replace(KOOL_RUN, batch_size=16, steps=4, device="cpu", progress=False, lr=1e-3)
+
+
+def tiny(**changes):
+    return apply_changes((TASK, RUN), changes)
+
+
+class FakeClock:
+    """A training clock that advances ``tick`` seconds per reading: the time limit then
+    depends on the number of steps, not on how busy the machine is."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
 
 
 @pytest.mark.parametrize("t,df,cdf", [(2.228, 10, 0.975), (-2.0, 10, 0.0367), (0.0, 3, 0.5), (-12.706, 1, 0.025),
@@ -31,7 +49,7 @@ def test_paired_t_test():
 
 
 def test_trains_and_tests_the_baseline_every_epoch(tmp_path):
-    trainer = TSPTrainer(TINY)
+    trainer = TSPTrainer(TASK, RUN)
     history = trainer.fit()
     assert all(m["tour_length"] > 0 for m in history)
     tested = [m for m in history if not math.isnan(m["t_test_p"])]
@@ -43,7 +61,7 @@ def test_trains_and_tests_the_baseline_every_epoch(tmp_path):
 @pytest.mark.parametrize("candidate_shift,noise,updated",
                          [(-0.1, 0.01, True), (-0.001, 0.5, False), (0.1, 0.01, False)])
 def test_baseline_replaced_only_when_significantly_better(monkeypatch, candidate_shift, noise, updated):
-    trainer = TSPTrainer(dataclasses.replace(TINY, steps=2))
+    trainer = TSPTrainer(*tiny(steps=2))
     torch.manual_seed(1)
     current = torch.rand(200) + 3
     candidate = current + candidate_shift + noise * torch.randn(200)
@@ -59,9 +77,9 @@ def test_baseline_replaced_only_when_significantly_better(monkeypatch, candidate
 
 
 def test_checkpoint_keeps_the_baseline(tmp_path):
-    trainer = TSPTrainer(dataclasses.replace(TINY, out_dir=str(tmp_path)))
+    trainer = TSPTrainer(*tiny(out_dir=str(tmp_path)))
     trainer.fit()
-    resumed = TSPTrainer(dataclasses.replace(TINY, resume=str(tmp_path / "checkpoint_last.pt")))
+    resumed = TSPTrainer(*tiny(resume=str(tmp_path / "checkpoint_last.pt")))
     for a, b in zip(trainer.baseline.state_dict().values(), resumed.baseline.state_dict().values()):
         assert torch.equal(a, b)
     assert resumed.baseline_updates == trainer.baseline_updates and resumed.step == 4
@@ -79,27 +97,42 @@ def test_train_tsp_command_line_exports_a_checkpoint_eval_tsp_reads(tmp_path, ca
 def test_epoch_rollouts_equal_one_rollout_per_step():
     """The baseline's tours, computed for a whole epoch at once in big batches, are the ones
     a rollout on each step's own instances would give."""
-    trainer = TSPTrainer(dataclasses.replace(TINY, epoch_steps=3, rollout_batch=5))
+    trainer = TSPTrainer(*tiny(epoch_steps=3, rollout_batch=5))
     for step in (0, 2, 4):
         coords, baseline_lengths = trainer.global_batch(step)
         with torch.no_grad():
             per_step = tour_length(coords, trainer.baseline(coords, "greedy")[0])
         torch.testing.assert_close(baseline_lengths, per_step, rtol=1e-6, atol=1e-6)
-        assert torch.equal(coords, random_instances(TINY.batch_size, TINY.n_nodes, TINY.seed * 1_000_003 + step))
+        assert torch.equal(coords, random_instances(RUN.batch_size, TASK.n_nodes, RUN.seed * 1_000_003 + step))
 
 
 def test_time_limit_counts_across_resumes_and_csv_columns_stay_aligned(tmp_path):
-    config = dataclasses.replace(TINY, steps=1000, out_dir=str(tmp_path), time_limit_min=0.5 / 60)   # 0.5 s
-    first = TSPTrainer(config)
+    """Each step takes 1 s of a fake clock: a 5.5 s limit stops after 6 steps, a resume with
+    8.5 s after 3 more, however busy the machine is."""
+    first = TSPTrainer(*tiny(steps=1000, out_dir=str(tmp_path), time_limit_min=5.5 / 60))
+    first.clock = FakeClock(1.0)
     first.fit()
-    assert 0 < first.step < 1000 and first.train_seconds >= 0.5
-    resumed = TSPTrainer(dataclasses.replace(config, resume=str(tmp_path / "checkpoint_last.pt"),
-                                             time_limit_min=1.0 / 60))
+    assert first.step == 6 and first.train_seconds == 6.0
+    resumed = TSPTrainer(*tiny(steps=1000, out_dir=str(tmp_path), time_limit_min=8.5 / 60,
+                               resume=str(tmp_path / "checkpoint_last.pt")))
+    assert resumed.train_seconds == 6.0                                      # the clock came back with the state
+    resumed.clock = FakeClock(1.0)
     resumed.fit()
-    assert resumed.step > first.step and 1.0 <= resumed.train_seconds < 1.0 + 0.5
+    assert resumed.step == 9 and resumed.train_seconds == 9.0
     with open(tmp_path / "metrics.csv", newline="") as f:
         rows = list(csv.reader(f))
     assert all(len(row) == len(rows[0]) for row in rows) and len(rows) == resumed.step + 1
     header = rows[0]
+    assert "instances_per_s" in header and "tokens_per_s" not in header     # TSP counts its own work
     tested = [row for row in rows[1:] if row[header.index("t_test_p")] != "nan"]
-    assert len(tested) == resumed.step // TINY.epoch_steps
+    assert len(tested) == resumed.step // TASK.epoch_steps
+
+
+def test_tsp_config_has_no_language_model_fields_and_resume_checks_the_task(tmp_path):
+    names = {f.name for f in dataclasses.fields(TSPConfig)}
+    assert not names & {"seq_len", "num_pairs", "vocab_size", "query_rate", "dropout", "positions",
+                        "rotary_fraction", "checkpoint_blocks"}
+    trainer = TSPTrainer(*tiny(steps=2, out_dir=str(tmp_path)))
+    trainer.fit()
+    with pytest.raises(ValueError, match=r"^resume: .*n_nodes is 7 but the checkpoint has 6"):
+        TSPTrainer(*tiny(n_nodes=7, resume=str(tmp_path / "checkpoint_last.pt")))

@@ -7,13 +7,13 @@ import dataclasses
 
 import torch
 
-from ..train import TrainConfig, Trainer
+from ..train import RecallConfig, RunConfig, Trainer
 
 
-def measure_step(config: TrainConfig, steps: int = 5, warmup: int = 2) -> dict:
-    """Median step time and peak memory of ``config`` (GPU: peak allocated bytes)."""
-    trainer = Trainer(dataclasses.replace(config, progress=False, out_dir=None,
-                                          steps=max(config.steps, steps + warmup)))
+def measure_step(task: RecallConfig, run: RunConfig, steps: int = 5, warmup: int = 2) -> dict:
+    """Median step time and peak memory of ``task``/``run`` (GPU: peak allocated bytes)."""
+    trainer = Trainer(task, dataclasses.replace(run, progress=False, out_dir=None, resume=None,
+                                                steps=max(run.steps, steps + warmup)))
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
     times = []
@@ -24,5 +24,5 @@ def measure_step(config: TrainConfig, steps: int = 5, warmup: int = 2) -> dict:
     times.sort()
     peak = torch.cuda.max_memory_allocated(trainer.device) if trainer.device.type == "cuda" else None
     return {"step_ms": times[len(times) // 2], "peak_bytes": peak, "loss": m["loss"],
-            "parameters": trainer.model.num_parameters(), "tokens_per_s": config.batch_size * config.seq_len
-            / (times[len(times) // 2] / 1e3), "mfu": m["mfu"]}
+            "parameters": trainer.model.num_parameters(),
+            "tokens_per_s": trainer.work_per_step() / (times[len(times) // 2] / 1e3), "mfu": m["mfu"]}

@@ -1,0 +1,223 @@
+"""Checkpoints you can trust: tensors and plain data only, written atomically, verified on load.
+
+A checkpoint file is what ``torch.save`` writes, holding one dict of tensors and plain
+Python data (no classes, no functions), so that ``torch.load(..., weights_only=True)``
+reads it. A file that holds anything else is refused before any of it runs: an ordinary
+pickle can run arbitrary code while it loads.
+
+    {"format": "flashlab-checkpoint", "version": 1, "kind": "lm-training-state" | …,
+     "sha256": hex digest of payload, "payload": uint8 tensor}
+
+``payload`` is itself a ``torch.save`` archive of ``{"config", "state", "metadata"}``: the
+digest covers every byte of it, so a flipped bit anywhere in the weights, the optimizer
+state or the config is found at load time and the file refused, never trained on.
+
+Saving writes a temporary file in the target's directory, flushes and fsyncs it, and
+renames it over the target with ``os.replace`` (atomic on POSIX and Windows): a process
+killed at any moment leaves either the previous complete checkpoint or the new one, never
+a torn file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+FORMAT = "flashlab-checkpoint"
+VERSION = 1
+KINDS = {
+    "lm-training-state": "everything `python -m flashlab train --resume` needs (model, optimizer, RNG, step …)",
+    "lm-model": "a language model's weights and configuration",
+    "tsp-model": "a TSP Attention Model's weights and architecture (what eval-tsp reads)",
+    "tsp-training-state": "everything `python -m flashlab train-tsp --resume` needs (with the baseline)",
+}
+WRITE_CHUNK = 1 << 20          # bytes per write() call while saving
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, unsafe, torn, corrupted, or of the wrong kind.
+    The message starts with ``checkpoint:`` and says what to do instead."""
+
+
+@dataclass
+class Checkpoint:
+    kind: str
+    config: dict
+    state: dict
+    metadata: dict = field(default_factory=dict)
+    version: int = VERSION
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _check_plain(value, where: str, tensors: bool) -> None:
+    """Raise TypeError unless ``value`` is built from dicts, lists, tuples, primitives (and,
+    where allowed, tensors) only: what ``weights_only=True`` can read back."""
+    if isinstance(value, _PLAIN) or (tensors and isinstance(value, torch.Tensor)):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where}: key {k!r} is a {type(k).__name__}; use str or int keys.")
+            _check_plain(v, f"{where}[{k!r}]", tensors)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]", tensors)
+        return
+    raise TypeError(f"{where}: a {type(value).__name__} cannot go into a checkpoint (tensors, dicts, lists, "
+                    f"str, int, float, bool and None only); convert it to plain data first.")
+
+
+def _serialize(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def encode(kind: str, config: dict, state: dict, metadata: dict | None = None) -> bytes:
+    """The bytes of a checkpoint file (see the module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: {kind!r} is not one of {sorted(KINDS)}.")
+    metadata = metadata or {}
+    _check_plain(config, "config", tensors=False)
+    _check_plain(metadata, "metadata", tensors=False)
+    _check_plain(state, "state", tensors=True)
+    payload = _serialize({"config": config, "state": state, "metadata": metadata})
+    return _serialize({"format": FORMAT, "version": VERSION, "kind": kind,
+                       "sha256": hashlib.sha256(payload).hexdigest(),
+                       "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)})
+
+
+def write_atomically(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash at any moment leaves the old file or the new
+    one: a temporary file in the same directory (same file system, so the rename is atomic),
+    flushed and fsynced, then ``os.replace``; the directory is fsynced so the rename itself
+    survives a power cut."""
+    path = Path(path)
+    directory = path.parent
+    for stale in directory.glob(f".{path.name}.*.tmp"):              # left by a process killed mid-save
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        os.chmod(temporary, _file_mode(path))                         # mkstemp's 0600 → what open() would give
+        with open(handle, "wb") as f:
+            view = memoryview(data)
+            for start in range(0, len(view), WRITE_CHUNK):
+                f.write(view[start:start + WRITE_CHUNK])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    if hasattr(os, "O_DIRECTORY"):                                   # POSIX: make the rename durable
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _file_mode(path: Path) -> int:
+    """The permission bits the file should get: the existing file's, else 0666 less the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def save(paths, kind: str, config: dict, state: dict, metadata: dict | None = None) -> None:
+    """Save a checkpoint of ``kind`` to ``paths`` (one path, or several that get the same
+    bytes), each atomically. ``config`` and ``metadata``: plain data; ``state``: tensors
+    and plain data."""
+    data = encode(kind, config, state, metadata)
+    for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        write_atomically(path, data)
+
+
+def _unsafe_reason(exc: Exception) -> str:
+    text = str(exc)
+    for line in text.splitlines():
+        if "Unsupported global" in line or "Unsupported operand" in line or "unsupported" in line.lower():
+            return line.strip().rstrip(".")
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _torch_load(source, path, map_location):
+    try:
+        return torch.load(source, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc) or "weights_only" in str(exc):
+            raise CheckpointError(
+                f"checkpoint: {path} holds objects other than tensors and plain data ({_unsafe_reason(exc)}), so "
+                f"loading it could run code; refused. Load only checkpoints written by flashlab.checkpoint.save."
+            ) from None
+        raise CheckpointError(f"checkpoint: {path} is not a readable checkpoint ({exc}); it may be torn or "
+                              f"corrupted: resume from an earlier one.") from None
+    except Exception as exc:             # a damaged archive fails in many ways (RuntimeError, EOFError, TypeError …)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint: {path} is not a complete checkpoint file ({first}); it was probably "
+                              f"cut short or corrupted: resume from an earlier one.") from None
+
+
+def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") -> Checkpoint:
+    """Read and verify a checkpoint (``weights_only=True``; SHA-256 of the payload).
+    ``kind``: the kind (or kinds) the caller can use; any other is refused with a message
+    that says what the file is. Raises `CheckpointError` on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint: {path} does not exist (or is not a file); give the path of a .pt file "
+                              f"written by flashlab.")
+    outer = _torch_load(str(path), path, "cpu")
+    if not isinstance(outer, dict) or outer.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint: {path} is not a flashlab checkpoint (no format marker; written by an "
+                              f"older flashlab or another program). Convert a trusted old file with "
+                              f"flashlab.checkpoint.convert_legacy.")
+    if not isinstance(outer.get("version"), int) or outer["version"] > VERSION:
+        raise CheckpointError(f"checkpoint: {path} has format version {outer.get('version')!r}; this flashlab reads "
+                              f"versions ≤ {VERSION}. Upgrade flashlab.")
+    found = outer.get("kind")
+    wanted = (kind,) if isinstance(kind, str) else kind
+    if wanted is not None and found not in wanted:
+        raise CheckpointError(f"checkpoint: {path} is a {found} checkpoint ({KINDS.get(found, '?')}); this needs "
+                              f"{' or '.join(wanted)} ({'; '.join(KINDS[k] for k in wanted)}).")
+    payload = outer.get("payload")
+    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
+        raise CheckpointError(f"checkpoint: {path} has no payload; the file is damaged: resume from an earlier one.")
+    data = payload.numpy().tobytes()
+    if hashlib.sha256(data).hexdigest() != outer.get("sha256"):
+        raise CheckpointError(f"checkpoint: {path} is corrupted: its contents do not match the SHA-256 recorded when "
+                              f"it was saved; refused. Resume from an earlier checkpoint.")
+    inner = _torch_load(io.BytesIO(data), path, map_location)
+    if not isinstance(inner, dict) or not {"config", "state"} <= inner.keys():
+        raise CheckpointError(f"checkpoint: {path} has no config or state; the file is damaged: resume from an "
+                              f"earlier one.")
+    return Checkpoint(found, inner["config"], inner["state"], inner.get("metadata", {}), outer["version"])
+
+
+def verify(path) -> str:
+    """The kind of a valid checkpoint; raises `CheckpointError` otherwise."""
+    return load(path).kind
+
+
+def convert_legacy(source, target, kind: str, split_config=None) -> None:
+    """Rewrite a checkpoint of the first flashlab format (a plain dict from ``torch.save``)
+    in this format. Reads with ``weights_only=True`` too: a file that needs more is not
+    converted. ``split_config``: a function from the old config dict to the new one."""
+    old = _torch_load(str(source), Path(source), "cpu")
+    config = old.pop("config", {})
+    metadata = old.pop("metadata", {})
+    save(target, kind, split_config(config) if split_config else config, old, metadata)

@@ -1,0 +1,203 @@
+"""Checkpoints you can trust (flashlab.checkpoint): tensors and plain data only, loaded with
+weights_only=True at every entry point; atomic saves; corruption refused; every shipped
+checkpoint loads; the right kind for each use."""
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlab import checkpoint
+from flashlab.__main__ import main
+from flashlab.train import RecallConfig, RunConfig, Trainer
+from flashlab.tsp import AttentionModel, load_model, save_model
+from flashlab.tsp_train import TSPConfig, TSPTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = {"am_tsp20.pt": "tsp-model", "am_tsp50.pt": "tsp-model", "mqar_long.pt": "lm-model",
+           "tsp50_training_state.pt": "tsp-training-state"}
+
+
+class _RunsACommand:
+    """Pickles to ``os.system(command)``: what a crafted checkpoint can do to a plain torch.load."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _malicious_files(tmp_path, kind="tsp-model"):
+    """(marker file, {attack: path}) for three attacks that create the marker: a plain pickle
+    that runs a command; a flashlab-format file of ``kind`` whose payload (with a valid
+    checksum) does it; one whose outer dict does it."""
+    marker = tmp_path / "pwned"
+    command = f"touch {marker}"
+    plain = tmp_path / "plain.pt"
+    torch.save({"model": {}, "config": {}, "step": _RunsACommand(command)}, plain)
+    inner = checkpoint._serialize({"config": {}, "state": {"model": _RunsACommand(command)}, "metadata": {}})
+    wrapped = tmp_path / f"wrapped-{kind}.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": 1, "kind": kind, "sha256": hashlib.sha256(inner).hexdigest(),
+                "payload": torch.frombuffer(bytearray(inner), dtype=torch.uint8)}, wrapped)
+    outer = tmp_path / "outer.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": 1, "kind": kind, "sha256": "0",
+                "payload": _RunsACommand(command)}, outer)
+    return marker, {"plain": plain, "wrapped": wrapped, "outer": outer}
+
+
+def test_the_malicious_file_would_run_its_command_with_a_plain_load(tmp_path):
+    """The attack is real: without weights_only the command runs (so the tests below can fail)."""
+    marker, files = _malicious_files(tmp_path)
+    torch.load(files["plain"], weights_only=False)
+    assert marker.exists()
+
+
+TINY_TSP = TSPConfig(n_nodes=5, d_model=16, n_heads=2, n_layers=1, ff_dim=16, epoch_steps=2, eval_instances=8,
+                     attention="sdpa")
+TINY_TSP_RUN = RunConfig(batch_size=4, steps=1, device="cpu", progress=False)
+TINY_LM = RecallConfig(seq_len=16, num_pairs=2, vocab_size=16, d_model=16, n_heads=2, n_layers=1, attention="sdpa")
+
+
+@pytest.mark.parametrize("attack", ["plain", "wrapped", "outer"])
+def test_no_entry_point_runs_code_from_a_checkpoint(tmp_path, capsys, attack):
+    def evil(kind):              # each entry point gets a file of the kind it accepts
+        return str(_malicious_files(tmp_path, kind)[1][attack])
+
+    marker = _malicious_files(tmp_path)[0]
+    library = [lambda: checkpoint.load(evil("lm-model")), lambda: load_model(evil("tsp-model")),
+               lambda: Trainer(TINY_LM, RunConfig(device="cpu", progress=False, resume=evil("lm-training-state"))),
+               lambda: TSPTrainer(TINY_TSP, RunConfig(device="cpu", progress=False, batch_size=4,
+                                                      resume=evil("tsp-training-state")))]
+    for entry in library:
+        with pytest.raises(ValueError) as error:
+            entry()
+        assert "could run code; refused" in str(error.value), str(error.value)
+    commands = [["eval-tsp", "--checkpoint", evil("tsp-model"), "--instances", "2"],
+                ["train", "--resume", evil("lm-training-state"), "--device", "cpu", "--no-progress", "--steps", "1"],
+                ["train-tsp", "--resume", evil("tsp-training-state"), "--device", "cpu", "--no-progress", "--steps",
+                 "1", "--n-nodes", "5", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--ff-dim", "16",
+                 "--eval-instances", "8", "--batch-size", "4", "--attention", "sdpa"]]
+    for argv in commands:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        option = "--checkpoint" if argv[0] == "eval-tsp" else "--resume"
+        assert err[0].startswith(f"python -m flashlab {argv[0]}: error: {option}: ") and "refused" in err[0], err
+    assert not marker.exists(), "a checkpoint ran a command"
+
+
+def test_the_command_line_refuses_a_malicious_checkpoint_in_one_line(tmp_path):
+    marker, files = _malicious_files(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "flashlab", "eval-tsp", "--checkpoint", str(files["plain"])],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and not marker.exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "holds objects other than tensors and plain data" in lines[0] and "posix.system" in lines[0], lines
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_checkpoint_loads_with_weights_only(name):
+    path = ROOT / "checkpoints" / name
+    raw = torch.load(path, weights_only=True, map_location="cpu")       # torch's own safe loader reads it
+    assert raw["format"] == checkpoint.FORMAT and raw["kind"] == SHIPPED[name]
+    saved = checkpoint.load(path, kind=SHIPPED[name])                   # and the checksum holds
+    assert path.stat().st_size < 13_000_000
+    if SHIPPED[name] == "tsp-model":
+        model, metadata = load_model(path)
+        assert isinstance(model, AttentionModel) and metadata["n_nodes"] in (20, 50) and metadata["steps"] > 0
+    elif SHIPPED[name] == "lm-model":
+        task = RecallConfig(**{**saved.config["task"], "attention": "sdpa"})
+        trainer = Trainer(task, RunConfig(device="cpu", progress=False, batch_size=1))
+        trainer.model.load_state_dict(saved.state["model"])
+    else:
+        task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
+        trainer = TSPTrainer(task, RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(path),
+                                                "out_dir": None, "progress": False}))
+        assert trainer.step == 5364 and trainer.baseline_updates > 0 and len(trainer.history) == 5364
+        assert "instances_per_s" in trainer.history[-1]
+
+
+def test_corrupted_and_torn_files_are_refused(tmp_path):
+    torch.manual_seed(0)
+    model = AttentionModel(embed_dim=16, n_heads=2, n_layers=1, ff_dim=16)
+    path = tmp_path / "am.pt"
+    save_model(model, path, note="x")
+    data = bytearray(path.read_bytes())
+    flipped = tmp_path / "flipped.pt"
+    middle = len(data) // 2                                  # inside the payload (the weights)
+    data[middle] ^= 0x10
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match="corrupted|not a complete"):
+        load_model(flipped)
+    for size in (0, 100, len(data) // 2, len(data) - 10):
+        torn = tmp_path / f"torn{size}.pt"
+        torn.write_bytes(path.read_bytes()[:size])
+        with pytest.raises(checkpoint.CheckpointError, match="not a complete checkpoint"):
+            load_model(torn)
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+        load_model(tmp_path / "missing.pt")
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "state.pt"
+    checkpoint.save(path, "lm-model", {"a": 1}, {"w": torch.ones(3)})
+    before = path.read_bytes()
+    monkeypatch.setattr(checkpoint, "WRITE_CHUNK", 64)
+    real_fsync = os.fsync
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save(path, "lm-model", {"a": 2}, {"w": torch.zeros(1000)})
+    monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["state.pt"]     # no temporary left behind
+    assert checkpoint.load(path).config == {"a": 1}
+
+
+def test_the_wrong_kind_of_checkpoint_says_what_it_is(tmp_path, capsys):
+    state = ROOT / "checkpoints" / "tsp50_training_state.pt"
+    assert main(["eval-tsp", "--checkpoint", str(state), "--instances", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint:" in err and "is a tsp-training-state checkpoint" in err and "needs tsp-model" in err
+    with pytest.raises(ValueError, match="^resume: .* is a tsp-model checkpoint"):
+        TSPTrainer(TINY_TSP, RunConfig(device="cpu", progress=False, resume=str(ROOT / "checkpoints" / "am_tsp20.pt")))
+    with pytest.raises(TypeError, match=r"config\['f'\]: a builtin_function_or_method cannot go into a checkpoint"):
+        checkpoint.save(tmp_path / "x.pt", "lm-model", {"f": print}, {})
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"model": {}, "config": {}}, legacy)
+    with pytest.raises(checkpoint.CheckpointError, match="not a flashlab checkpoint"):
+        checkpoint.load(legacy)
+
+
+def test_no_bit_flip_loads_as_different_data(tmp_path):
+    """Flip one random bit, 60 times anywhere in a file: each copy is refused, or (a flip in
+    the archive's padding) loads exactly the saved data, never different data."""
+    torch.manual_seed(0)
+    state = {"w": torch.randn(64, 16), "step": 7}
+    path = tmp_path / "c.pt"
+    checkpoint.save(path, "lm-model", {"d_model": 16}, state)
+    data = path.read_bytes()
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    refused = 0
+    for position in torch.randint(0, len(data) * 8, (60,), generator=generator).tolist():
+        damaged = bytearray(data)
+        damaged[position // 8] ^= 1 << (position % 8)
+        copy = tmp_path / "damaged.pt"
+        copy.write_bytes(bytes(damaged))
+        try:
+            loaded = checkpoint.load(copy)
+        except checkpoint.CheckpointError:
+            refused += 1
+            continue
+        assert torch.equal(loaded.state["w"], state["w"]) and loaded.state["step"] == 7
+        assert loaded.config == {"d_model": 16} and loaded.kind == "lm-model"
+    assert refused >= 40                      # almost all of a file is checked bytes

@@ -1,0 +1,158 @@
+"""Every command checks its arguments before doing work: a user error exits with status 2
+and one line that names the option and says what to give, never a traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlab.__main__ import COMMANDS, build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINTS = ROOT / "checkpoints"
+TSP_MODEL, TSP_STATE, LM_MODEL = (str(CHECKPOINTS / n) for n in ("am_tsp20.pt", "tsp50_training_state.pt",
+                                                                   "mqar_long.pt"))
+NO_GPU = not torch.cuda.is_available()
+
+# (arguments, what the one line must contain: the option and the reason)
+BAD = [
+    (["bench-softmax", "--rows", "0"], "--rows: 0 is out of range; give a value ≥ 1"),
+    (["bench-softmax", "--rows", "abc"], "--rows: 'abc' is not an integer"),
+    (["bench-softmax", "--cols", "128", "-4"], "--cols: -4 is out of range"),
+    (["bench-softmax", "--dtype", "float64"], "--dtype: invalid choice: 'float64'"),
+    (["bench-softmax", "--out", "/proc/flashlab/x.json"], "--out: cannot write into /proc/flashlab"),
+    (["bench", "--seq-lens", "0"], "--seq-lens: 0 is out of range"),
+    (["bench", "--heads", "0"], "--heads: 0 is out of range"),
+    (["bench", "--head-dims", "-1"], "--head-dims: -1 is out of range"),
+    (["bench", "--tokens", "0"], "--tokens: 0 is out of range"),
+    (["bench", "--masks", "diagonal"], "--masks: invalid choice: 'diagonal'"),
+    (["bench", "--dtypes", "float32"], "--dtypes: invalid choice: 'float32'"),
+    (["bench", "--rep-ms", "0"], "--rep-ms: 0 is out of range"),
+    (["bench", "--warmup-ms", "-1"], "--warmup-ms: -1 is out of range"),
+    (["bench", "--flex-seq-lens", "0"], "--flex-seq-lens: 0 is out of range"),
+    (["train", "--grad-accum", "0"], "--grad-accum: 0 is out of range"),
+    (["train", "--n-heads", "0"], "--n-heads: 0 is out of range"),
+    (["train", "--log-every", "0"], "--log-every: 0 is out of range"),
+    (["train", "--batch-size", "0"], "--batch-size: 0 is out of range"),
+    (["train", "--num-pairs", "0"], "--num-pairs: 0 is out of range"),
+    (["train", "--d-model", "0"], "--d-model: 0 is out of range"),
+    (["train", "--steps", "-1"], "--steps: -1 is out of range"),
+    (["train", "--steps", "ten"], "--steps: 'ten' is not an integer"),
+    (["train", "--time-limit-min", "-1"], "--time-limit-min: -1.0 is out of range; give a value ≥ 0"),
+    (["train", "--precision", "fp8"], "--precision: invalid choice: 'fp8' (choose from '32-true'"),
+    (["train", "--attention", "fast"], "--attention: invalid choice: 'fast'"),
+    (["train", "--positions", "alibi"], "--positions: invalid choice: 'alibi'"),
+    (["train", "--device", "tpu"], "--device: invalid choice: 'tpu'"),
+    (["train", "--lr", "-1"], "--lr: -1.0 is out of range; give a value > 0"),
+    (["train", "--lr", "nan"], "--lr: nan is not a finite number"),
+    (["train", "--max-bad-steps", "-1"], "--max-bad-steps: -1 is out of range"),
+    (["train", "--query-rate", "0"], "--query-rate: 0.0 is out of range; give a value in (0, 1]"),
+    (["train", "--dropout", "1"], "--dropout: 1.0 is out of range; give a value in [0, 1)"),
+    (["train", "--rotary-fraction", "0"], "--rotary-fraction: 0.0 is out of range"),
+    (["train", "--min-lr-ratio", "2"], "--min-lr-ratio: 2.0 is out of range"),
+    (["train", "--adam-beta2", "1"], "--adam-beta2: 1.0 is out of range"),
+    (["train", "--n-heads", "3"], "--n-heads: 3 does not divide d_model=64"),
+    (["train", "--num-pairs", "40"], "--num-pairs: 40 distinct keys need vocab_size ≥ 80"),
+    (["train", "--seq-len", "8"], "--seq-len: 8 leaves no room for queries"),
+    (["train", "--batch-size", "6", "--grad-accum", "4"], "--batch-size: 6 is not divisible by grad_accum"),
+    (["train", "--out-dir", "/proc/flashlab-forbidden"], "--out-dir: cannot write to /proc/flashlab-forbidden"),
+    (["train", "--resume", "/nonexistent/checkpoint_last.pt"], "--resume: /nonexistent/checkpoint_last.pt does not"),
+    (["train", "--resume", TSP_MODEL], "is a tsp-model checkpoint"),
+    (["train-tsp", "--epoch-steps", "0"], "--epoch-steps: 0 is out of range"),
+    (["train-tsp", "--eval-instances", "1"], "--eval-instances: 1 is out of range; give a value ≥ 2"),
+    (["train-tsp", "--eval-instances", "0"], "--eval-instances: 0 is out of range"),
+    (["train-tsp", "--n-nodes", "2"], "--n-nodes: 2 is out of range; give a value ≥ 3"),
+    (["train-tsp", "--alpha", "1.5"], "--alpha: 1.5 is out of range; give a value in (0, 1)"),
+    (["train-tsp", "--tanh-clip", "0"], "--tanh-clip: 0.0 is out of range"),
+    (["train-tsp", "--rollout-batch", "0"], "--rollout-batch: 0 is out of range"),
+    (["train-tsp", "--seq-len", "32"], "unrecognized arguments: --seq-len"),          # no flag that does nothing
+    (["train-tsp", "--resume", TSP_STATE, "--attention", "sdpa", "--n-nodes", "20"],
+     "--resume: " + TSP_STATE + " comes from a different run: n_nodes is 20 but the checkpoint has 50"),
+    (["train-tsp", "--resume", LM_MODEL], "is a lm-model checkpoint"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "0"], "--instances: 0 is out of range"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "-5"], "--instances: -5 is out of range"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--nodes", "0"], "--nodes: 0 is out of range; give a value ≥ 3"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--nodes", "-3"], "--nodes: -3 is out of range"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--nodes", "1"], "--nodes: 1 is out of range"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--seed", "-1"], "--seed: -1 is out of range"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--attention", "fast"], "--attention: invalid choice"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--save-tours", "/nonexistent-dir/tours.npz"],
+     "--save-tours: the directory /nonexistent-dir does not exist"),
+    (["eval-tsp", "--checkpoint", "/nonexistent.pt"], "--checkpoint: /nonexistent.pt does not exist"),
+    (["eval-tsp", "--checkpoint", TSP_STATE], "--checkpoint: " + TSP_STATE + " is a tsp-training-state checkpoint"),
+    (["eval-tsp"], "the following arguments are required: --checkpoint"),
+    ([], "the following arguments are required: command"),
+    (["trian"], "invalid choice: 'trian'"),
+    (["train", "--n-head", "4"], "unrecognized arguments: --n-head"),                  # no abbreviations
+]
+if NO_GPU:
+    BAD.append((["train", "--device", "cuda"], "--device: cuda was asked for but no CUDA GPU is visible"))
+    BAD.append((["train-tsp", "--device", "cuda"], "--device: cuda was asked for but no CUDA GPU is visible"))
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:                         # argparse's own errors
+        code = exit_.code
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,expected", BAD, ids=[" ".join(a)[:60] or "(none)" for a, _ in BAD])
+def test_a_bad_argument_ends_in_one_line_that_names_it(argv, expected, capsys):
+    code, captured = _run(argv, capsys)
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, captured.err
+    assert expected in lines[0] and "Traceback" not in captured.err, lines[0]
+    assert lines[0].startswith("python -m flashlab") and ": error: " in lines[0]
+    assert captured.out == ""                           # nothing ran
+
+
+def test_the_table_covers_every_command():
+    assert len(BAD) >= 30
+    assert {c.name for c in COMMANDS} <= {a[0] for a, _ in BAD if a}
+
+
+def test_help_lists_every_option_with_a_line_and_every_choice():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, sub in subparsers.choices.items():
+        text = " ".join(sub.format_help().split())
+        for action in sub._actions:
+            assert action.help, f"{name} {action.option_strings} has no help line"
+            for choice in action.choices or ():
+                assert str(choice) in text
+    train_help = " ".join(subparsers.choices["train"].format_help().split())
+    assert "auto: flashlab on a GPU" in train_help and "sdpa on a CPU" in train_help
+    assert "0 = never stop" in train_help                                     # --max-bad-steps, one meaning
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["train", "--device", "cuda"] if NO_GPU else ["train", "--grad-accum", "0"],
+     "--device: cuda was asked for" if NO_GPU else "--grad-accum: 0"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "0"], "--instances: 0 is out of range"),
+])
+def test_a_bad_argument_from_the_shell(argv, expected):
+    result = subprocess.run([sys.executable, "-m", "flashlab", *argv], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and expected in result.stderr, result.stderr
+
+
+def test_resume_on_the_command_line_takes_the_checkpoints_settings_unless_given(tmp_path, capsys):
+    """The model and task flags need not be repeated on resume; a given one that differs is
+    refused, with every mismatch in the line."""
+    out = str(tmp_path)
+    common = ["--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4", "--out-dir", out]
+    assert main(["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16",
+                 "--n-heads", "2", "--n-layers", "1", "--steps", "2", *common]) == 0
+    last = str(tmp_path / "checkpoint_last.pt")
+    assert main(["train", "--resume", last, "--steps", "3", *common]) == 0
+    assert "steps 3, skipped 0" in capsys.readouterr().out
+    code, captured = _run(["train", "--resume", last, "--steps", "4", "--n-heads", "4", "--seed", "1", *common],
+                          capsys)
+    assert code == 2 and captured.err.count("\n") == 1
+    assert "--resume: " in captured.err and "n_heads is 4 but the checkpoint has 2; seed is 1" in captured.err
