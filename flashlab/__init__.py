@@ -16,9 +16,11 @@ The package the FlashLab course builds. Public API so far:
 - `flashlab.autotune`: candidate block sizes per GPU generation, and the autotuner that picks one per shape.
 """
 
-# runtime first: it decides compiled vs interpreted before any Triton kernel exists.
-from . import runtime  # noqa: I001
+# Nothing here imports Triton or sets anything process-wide: kernels are compiled or
+# interpreted per call (flashlab.runtime), and Triton is imported when a kernel is first needed.
+from . import runtime
 from .checks import check_attention_inputs
+from .flash_attention import MultiHeadAttention, attention
 from .memory import (
     MemoryMeasurement,
     NaiveAttentionMemory,
@@ -27,7 +29,6 @@ from .memory import (
     measure_peak_memory,
     predict_naive_attention_memory,
 )
-from .fused_softmax import fused_softmax
 from .naive import causal_keep_mask, naive_attention
 from .online_softmax import SoftmaxState, online_softmax
 from .reference import (
@@ -39,9 +40,17 @@ from .reference import (
     rel_error,
 )
 from .tiled import tiled_attention
-from .flash_attention import MultiHeadAttention, attention
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Triton-backed names load on first use, so `import flashlab` works without Triton.
+    if name == "fused_softmax":
+        runtime.require_triton("flashlab.fused_softmax")
+        from .fused_softmax import fused_softmax
+        return fused_softmax
+    raise AttributeError(f"module 'flashlab' has no attribute {name!r}")
 
 __all__ = [
     "TOLERANCE",

@@ -17,6 +17,7 @@ from .flash_triton import (
     flash_backward_preprocess_kernel,
     flash_forward_kernel,
 )
+from .runtime import kernel_for
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -67,7 +68,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     keep = torch.empty(batch, heads, n_q, n_k, dtype=torch.uint8, device=device)
     block = 64 if torch.device(device).type == "cuda" else 32   # small grids for the interpreter
     grid = (_cdiv(n_q, block), _cdiv(n_k, block), batch * heads)
-    dropout_mask_kernel[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    kernel_for(dropout_mask_kernel, keep.device)[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
     return keep.bool()
 
 
@@ -93,7 +94,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precisi
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
-        flash_forward_kernel[grid](
+        kernel_for(flash_forward_kernel, q.device)[grid](
             q, k, v, mask, out, lse, *q.stride(), *k.stride(), *v.stride(), *mask_strides,
             *out.stride(), lse.stride(0), lse.stride(1),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
@@ -115,7 +116,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     block_d = _block_d(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
-    flash_backward_preprocess_kernel[(_cdiv(n_q, rows) * B * H,)](
+    kernel_for(flash_backward_preprocess_kernel, q.device)[(_cdiv(n_q, rows) * B * H,)](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), H, n_q, head_dim,
         BLOCK_M=rows, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -127,14 +128,14 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
                lse.stride(0), lse.stride(1))
 
     def launch_dkdv(config):
-        flash_backward_dkdv_kernel[(_cdiv(n_k, config.block_n) * B * H_kv,)](
+        kernel_for(flash_backward_dkdv_kernel, q.device)[(_cdiv(n_k, config.block_n) * B * H_kv,)](
             q, k, v, mask, grad_out, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(),
             H_kv, H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p,
             FAST_PATH=config.fast_path, **common, **config.kwargs())
         return dk, dv
 
     def launch_dq(config):
-        flash_backward_dq_kernel[(_cdiv(n_q, config.block_m) * B * H,)](
+        kernel_for(flash_backward_dq_kernel, q.device)[(_cdiv(n_q, config.block_m) * B * H,)](
             q, k, v, mask, grad_out, lse, delta, dq, *strides, *dq.stride(),
             H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p,
             **common, **config.kwargs())
