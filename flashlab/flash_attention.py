@@ -27,12 +27,12 @@ INTERPRETER_BLOCK = 32          # autotune.INTERPRETER's tile
 PYTORCH_BLOCK = 256             # the PyTorch path's tile: few Python iterations, O(N·256) memory
 
 
-def input_precision(q: torch.Tensor, exact_fp32: bool = False) -> str:
-    """How the kernels multiply: "ieee" (exact) unless q is float32 on a GPU and torch itself
+def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool = False) -> str:
+    """How the kernels multiply: "ieee" (exact) unless the inputs are float32 on a GPU and torch itself
     allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
     ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
     forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway."""
-    if q.dtype != torch.float32 or exact_fp32 or q.device.type != "cuda":
+    if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
         return "ieee"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
@@ -151,7 +151,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     if value_dim < width:
         v4 = F.pad(v4, (0, width - value_dim))
     seed = ops.draw_seed() if dropout_p > 0 else None
-    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, input_precision(q, exact_fp32))
+    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, input_precision(q.dtype, q.device, exact_fp32))
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, attn_mask))
     if wants_grad or torch.compiler.is_compiling():

@@ -29,18 +29,19 @@ message a caller sees when a kernel is needed without it (the PyTorch paths need
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 import threading
 
 import torch
 
+# checked once, without importing triton (a plain constant: torch.compile traces through it)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
-@functools.cache
+
 def triton_available() -> bool:
-    """True if ``import triton`` would work (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    """True if ``import triton`` would work."""
+    return _TRITON_INSTALLED
 
 
 def require_triton(what: str = "this Triton kernel") -> None:
@@ -78,6 +79,9 @@ class _Twin:
             with _helpers_interpreted():
                 return _interpreted(self.kernel, refresh=True)[grid](*args, **kwargs)
         return launch
+
+    def __call__(self, *args, **kwargs):  # called from inside another interpreted kernel
+        return _interpreted(self.kernel)(*args, **kwargs)
 
     def __getattr__(self, name):          # .fn, .src, __name__: as the kernel has them
         return getattr(self.kernel, name)
