@@ -11,7 +11,9 @@ The package the FlashLab course builds. Public API so far:
   (streaming softmax state and merge; tiled forward and recomputing backward).
 - `fused_softmax`: a fused row-softmax Triton kernel.
 - `attention`, `MultiHeadAttention`: FlashAttention in Triton (forward, backward, masks,
-  GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
+  GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``;
+  `flashlab.ops`: its kernels as torch custom ops (torch.compile, torch.export);
+  `flashlab.runtime`: compiled (CUDA tensors) or interpreted (CPU tensors) kernels, per call.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
 - `flashlab.autotune`: candidate block sizes per GPU generation, and the autotuner that picks one per shape.
 """

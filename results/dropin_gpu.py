@@ -169,6 +169,15 @@ def dropin_contract_on_cuda():
     mask.grad = None
     F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask).backward(g)
     out["float_mask_grad_rel_error_vs_sdpa"] = _rel(got, mask.grad)
+    # CPU tensors on the GPU machine: interpreted twins under this Triton (3.6 here); Triton 3.6's
+    # interpreter with numpy ≥ 2.3 fails on `range(tensor)` in the kernels, whatever flashlab does
+    qc = torch.randn(1, 2, 20, 16)
+    try:
+        out["cpu_tensor_on_gpu_machine_rel_error"] = _rel(attention(qc, qc, qc, is_causal=True),
+                                                          F.scaled_dot_product_attention(qc, qc, qc, is_causal=True))
+    except Exception as exc:
+        import numpy
+        out["cpu_tensor_on_gpu_machine_rel_error"] = f"numpy {numpy.__version__}: {type(exc).__name__}: {exc}"[:300]
     try:
         attention(q4, k4, v4, attn_mask=mask > 0, is_causal=True)
         out["mask_with_causal_on_cuda"] = "accepted (unexpected)"
