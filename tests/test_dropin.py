@@ -241,11 +241,13 @@ def test_zero_kv_heads_with_gqa():
     _sdpa_check(torch.randn(1, 0, 5, 8), torch.randn(1, 0, 5, 8), torch.randn(1, 0, 5, 8), enable_gqa=True)
 
 
-@pytest.mark.skipif(CUDA, reason="CPU refusal: on CUDA the pair is refused, tested below")
-def test_mask_with_causal_refused_where_sdpa_refuses_it():
-    meta = torch.randn(1, 2, 5, 8, device="meta")
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if CUDA else []))
+def test_mask_with_causal_refused_where_sdpa_refuses_it(device):
+    """SDPA takes attn_mask with is_causal only in its CPU flash backend; elsewhere (CUDA, meta)
+    it raises, and so does flashlab."""
+    q = torch.randn(1, 2, 5, 8, device=device)
     with pytest.raises(ValueError, match="^attn_mask:"):
-        attention(meta, meta, meta, attn_mask=torch.ones(5, 5, dtype=torch.bool, device="meta"), is_causal=True)
+        attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool, device=device), is_causal=True)
 
 
 def test_fp32_is_exact_unless_torch_allows_tf32():
