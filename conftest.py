@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).parent
 IMPLEMENTATIONS = ("exercises", "solutions")
@@ -63,7 +65,17 @@ def exercise(request):
     name = exercise_of(request.node)
     if name is None:
         raise pytest.UsageError("the `exercise` fixture is for tests/test_exNN_*.py files")
-    return importlib.import_module(f"{selected_impl(request.config)}.{name}")
+    module = importlib.import_module(f"{selected_impl(request.config)}.{name}")
+    if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+        # CPU: the module's @triton.jit kernels run as their interpreted twins (flashlab sets
+        # nothing process-wide, so a kernel launched as written would try to compile)
+        from triton.runtime.jit import JITFunction
+
+        from flashlab.runtime import kernel_for
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                setattr(module, attr, kernel_for(value, "cpu"))
+    return module
 
 
 def pytest_report_header(config):

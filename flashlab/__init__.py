@@ -11,14 +11,18 @@ The package the FlashLab course builds. Public API so far:
   (streaming softmax state and merge; tiled forward and recomputing backward).
 - `fused_softmax`: a fused row-softmax Triton kernel.
 - `attention`, `MultiHeadAttention`: FlashAttention in Triton (forward, backward, masks,
-  GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
+  GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``;
+  `flashlab.ops`: its kernels as torch custom ops (torch.compile, torch.export);
+  `flashlab.runtime`: compiled (CUDA tensors) or interpreted (CPU tensors) kernels, per call.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
 - `flashlab.autotune`: candidate block sizes per GPU generation, and the autotuner that picks one per shape.
 """
 
-# runtime first: it decides compiled vs interpreted before any Triton kernel exists.
-from . import runtime  # noqa: I001
+# Nothing here imports Triton or sets anything process-wide: kernels are compiled or
+# interpreted per call (flashlab.runtime), and Triton is imported when a kernel is first needed.
+from . import runtime
 from .checks import check_attention_inputs
+from .flash_attention import MultiHeadAttention, attention
 from .memory import (
     MemoryMeasurement,
     NaiveAttentionMemory,
@@ -27,7 +31,6 @@ from .memory import (
     measure_peak_memory,
     predict_naive_attention_memory,
 )
-from .fused_softmax import fused_softmax
 from .naive import causal_keep_mask, naive_attention
 from .online_softmax import SoftmaxState, online_softmax
 from .reference import (
@@ -39,11 +42,25 @@ from .reference import (
     rel_error,
 )
 from .tiled import tiled_attention
-from .flash_attention import MultiHeadAttention, attention
-from .decode import decode_attention
-from .varlen import varlen_attention
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Triton-backed names load on first use, so `import flashlab` works without Triton.
+    if name == "fused_softmax":
+        runtime.require_triton("flashlab.fused_softmax")
+        from .fused_softmax import fused_softmax
+        return fused_softmax
+    if name == "decode_attention":
+        runtime.require_triton("flashlab.decode_attention")
+        from .decode import decode_attention
+        return decode_attention
+    if name == "varlen_attention":
+        runtime.require_triton("flashlab.varlen_attention")
+        from .varlen import varlen_attention
+        return varlen_attention
+    raise AttributeError(f"module 'flashlab' has no attribute {name!r}")
 
 __all__ = [
     "TOLERANCE",

@@ -26,6 +26,8 @@ def check_attention_inputs(
     scale: float | None = None,
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
     enable_gqa: bool = False,
+    *,
+    sdpa_semantics: bool = False,
 ) -> None:
     """Check q, k, v (and an optional mask) against the contract of
     ``torch.nn.functional.scaled_dot_product_attention``.
@@ -36,6 +38,11 @@ def check_attention_inputs(
 
     With ``enable_gqa`` (grouped-query attention), k and v may have fewer heads than q
     (dimension -3), as long as that number divides q's.
+
+    ``sdpa_semantics`` (what `flashlab.attention` accepts, as SDPA does): zero-size
+    dimensions; k and v batch dimensions that broadcast to q's; ``attn_mask`` together with
+    ``is_causal`` on CPU tensors (both apply), where torch 2.13's SDPA takes it too (its
+    CPU flash backend; on CUDA and in its math backend it raises).
 
     Raises:
         ValueError: naming the offending argument, the reason and the fix.
@@ -62,9 +69,19 @@ def check_attention_inputs(
         bad = "k" if k.device != q.device else "v"
         _fail(bad, f"is on {(k if bad == 'k' else v).device} but q is on {q.device}",
               f"Move all three to one device, e.g. {bad}.to(q.device).")
-    if enable_gqa and q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and \
-            q.shape[:-3] == k.shape[:-3] and q.shape[-3] % k.shape[-3] == 0:
-        pass  # grouped-query attention: each k/v head serves q.shape[-3] // k.shape[-3] q heads
+
+    def batch_ok(t):   # dimensions before the heads: equal, or (SDPA) broadcasting to q's
+        if t.shape[:-3] == q.shape[:-3]:
+            return True
+        try:
+            return sdpa_semantics and torch.broadcast_shapes(t.shape[:-3], q.shape[:-3]) == q.shape[:-3]
+        except RuntimeError:
+            return False
+
+    heads_ok = q.dim() < 3 or k.shape[-3] == q.shape[-3] or (
+        enable_gqa and k.shape[-3] > 0 and q.shape[-3] % k.shape[-3] == 0)
+    if q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and batch_ok(k) and heads_ok:
+        pass  # with enable_gqa, each k/v head serves q.shape[-3] // k.shape[-3] q heads
     elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         bad = "k" if q.shape[:-2] != k.shape[:-2] else "v"
         _fail(bad, f"leading (batch, head) dimensions {tuple((k if bad == 'k' else v).shape[:-2])} "
@@ -78,16 +95,18 @@ def check_attention_inputs(
         _fail("v", f"sequence length {v.shape[-2]} differs from k's {k.shape[-2]}",
               "k and v must hold one row per key.")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.shape[-2] == 0 or t.shape[-1] == 0:
+        if not sdpa_semantics and (t.shape[-2] == 0 or t.shape[-1] == 0):
             _fail(name, f"has an empty dimension, shape {tuple(t.shape)}",
                   "Sequence length and head dimension must be at least 1.")
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
         _fail("scale", f"expected a positive number or None, got {scale!r}",
               "Leave it as None for 1/sqrt(D).")
     if attn_mask is not None:
-        if is_causal:
-            _fail("attn_mask", "was given together with is_causal=True",
-                  "Pass one or the other (fold the causal mask into attn_mask if you need both).")
+        if is_causal and not (sdpa_semantics and q.device.type == "cpu"):
+            where = f" on {q.device.type}" if sdpa_semantics else ""
+            _fail("attn_mask", f"was given together with is_causal=True{where}",
+                  "Pass one or the other: fold the causal mask into attn_mask if you need both "
+                  "(torch's SDPA refuses both on CUDA too; on CPU tensors flashlab.attention applies both).")
         if not isinstance(attn_mask, torch.Tensor):
             _fail("attn_mask", f"expected a torch.Tensor or None, got {type(attn_mask).__name__}",
                   "Pass a boolean (True = take part) or float (added to scores) tensor.")
@@ -109,5 +128,6 @@ def check_attention_inputs(
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
-    """The softmax temperature: ``scale`` if given, else ``1/sqrt(D)`` as in the paper."""
-    return float(scale) if scale is not None else head_dim ** -0.5
+    """The softmax temperature: ``scale`` if given, else ``1/sqrt(D)`` as in the paper
+    (1 for D = 0, where every score is 0 whatever the scale)."""
+    return float(scale) if scale is not None else (head_dim ** -0.5 if head_dim else 1.0)

@@ -17,9 +17,10 @@ import torch
 
 from .checks import default_scale
 from .decode_triton import decode_merge_kernel, decode_split_kernel
-from .flash_launch import MAX_HEAD_DIM, _block_d, _cdiv
+from .flash_launch import MAX_HEAD_DIM, _cdiv, _head_dim_args
 from .flash_triton import LOG2E
 from .memory import dtype_bytes
+from .runtime import kernel_for
 from .traffic import Step
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -30,7 +31,7 @@ MIN_TILES_PER_SPLIT = 2   # a split must stream a few key tiles to pay for its Q
 def launch(kernel, grid, *args, **meta):
     """Every Triton launch of flashlab's decode and varlen kernels goes through here, so how
     kernels run (compiled, or interpreted on CPU) can be decided in one place."""
-    kernel[grid](*args, **meta)
+    kernel_for(kernel, args[0].device)[grid](*args, **meta)
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -213,7 +214,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     page_size = k_cache.shape[1] if paged else 1
     out = torch.empty_like(q)
     lse = torch.empty(batch, seqlen_q, heads, dtype=torch.float32, device=q.device)
-    block_d = _block_d(head_dim)
+    block_d = _head_dim_args(head_dim)["BLOCK_D"]
     precision = "ieee"     # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
     if num_splits > 1:
         o_part = torch.empty(batch * seqlen_q * heads, num_splits, head_dim, dtype=torch.float32, device=q.device)

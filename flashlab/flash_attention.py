@@ -1,66 +1,76 @@
 """The public attention API: a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
-backed by flashlab's Triton kernels, and an attention ``nn.Module`` built on it."""
+backed by flashlab's Triton kernels, and an attention ``nn.Module`` built on it. Inputs are
+validated here, once; the kernels (`flashlab.ops`) and the PyTorch paths below do not check
+again."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from . import runtime
+from . import ops, runtime
 from .checks import check_attention_inputs, default_scale
-from .flash_launch import (
-    KERNEL_DTYPES,
-    MAX_HEAD_DIM,
-    _input_precision,
-    draw_dropout_seed,
-    flash_backward,
-    flash_forward,
-)
-from .naive import naive_attention
-from .tiled import tiled_attention
+from .flash_launch import input_precision
+from .naive import naive_attention_unchecked
+from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
+from .tiled import tiled_attention_unchecked
 
-
-class FlashAttentionFunction(torch.autograd.Function):
-    """Runs the Triton kernels; saves q, k, v, O and the log-sum-exp for the backward
-    (with dropout also the seed: the mask is regenerated, never stored)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32):
-        input_precision = _input_precision(q, exact_fp32)
-        out, lse = flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.input_precision = attn_mask, is_causal, scale, input_precision
-        ctx.dropout_p, ctx.seed = dropout_p, seed
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.attn_mask, ctx.dropout_p, ctx.seed,
-                                    ctx.is_causal, ctx.scale, ctx.input_precision)
-        return dq, dk, dv, None, None, None, None, None, None
+# Above this many (query block × key block) tiles a CPU call takes the PyTorch path instead of
+# the interpreted kernels: the interpreter costs about 15 ms a 32 × 32 tile forward and 30 ms
+# backward on the course's CPU, so this is a forward of ~15 s. N = 65,536 would be 4 M tiles,
+# about 17 hours; the PyTorch path (512 × 512 tiles) about 10× SDPA's time (N = 4,096, causal,
+# D = 64: 1.2 s against SDPA's 0.13 s on the course's shared CPU).
+INTERPRETER_MAX_TILES = 1024
+INTERPRETER_BLOCK = 32          # autotune.INTERPRETER's tile
+PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations, O(N·512) memory
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa)
-    if q.dim() != 4:
-        raise ValueError(f"q: expected 4 dimensions (batch, heads, N, D), got shape {tuple(q.shape)}. "
-                         "Add the missing dimensions with unsqueeze.")
-    if not enable_gqa and k.shape[1] != q.shape[1]:
-        raise ValueError(f"k: has {k.shape[1]} heads but q has {q.shape[1]}. "
-                         "Pass enable_gqa=True for grouped-query attention.")
-    if v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"v: head dimension {v.shape[-1]} differs from q's {q.shape[-1]}; "
-                         "flashlab's kernels need equal head dimensions for q, k and v.")
-    if q.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f"q: head dimension {q.shape[-1]} exceeds {MAX_HEAD_DIM}, the largest the "
-                         "kernels keep on chip. Split the heads or use naive_attention.")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: {dropout_p} is not a probability in [0, 1). "
+    check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True)
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")
+
+
+def _heads(t: torch.Tensor) -> int:
+    return t.shape[-3] if t.dim() >= 3 else 1
+
+
+def _as_4d(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(…, H, N, D) → (B, H, N, D), B the product of the leading dimensions (a view when it can)."""
+    return t if t.dim() == 4 else t.reshape(-1, heads, t.shape[-2], t.shape[-1])
+
+
+def _uses_kernels(q, k, v, attn_mask, dropout_p) -> bool:
+    """Kernels (compiled on CUDA, interpreted on CPU) or the PyTorch path, decided per call."""
+    if q.numel() == 0 or k.shape[-2] == 0 or q.shape[-1] == 0 or v.shape[-1] == 0:
+        return False                                  # empty: nothing for a kernel to do
+    if q.device.type == "cuda":
+        runtime.require_triton("flashlab.attention on a CUDA tensor")
+    elif q.device.type != "cpu" or not runtime.triton_available():
+        return False
+    from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM
+    if q.dtype not in KERNEL_DTYPES or max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        return False                                  # float64, or D > 256
     if dropout_p > 0 and q.shape[-2] * k.shape[-2] >= 2**31:
-        raise ValueError(f"dropout_p: dropout needs Nq·Nk < 2³¹ (the RNG counter is int32); got "
-                         f"Nq={q.shape[-2]}, Nk={k.shape[-2]}. Split the sequence or use dropout_p=0.0.")
+        return False                                  # the kernels' RNG counter is int32
+    if q.device.type == "cpu":
+        batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
+        tiles = batch_heads * math.ceil(q.shape[-2] / INTERPRETER_BLOCK) * math.ceil(k.shape[-2] / INTERPRETER_BLOCK)
+        return tiles <= INTERPRETER_MAX_TILES
+    return True
+
+
+def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale):
+    """The PyTorch path (any dtype, any size): tiled when no mask or dropout is involved
+    (O(N) memory), else the einsum version (an Nq × Nk tensor per head). k and v already have
+    q's heads. Dropout draws its mask with torch.nn.functional.dropout."""
+    if attn_mask is None and dropout_p == 0 and q.numel() and k.shape[-2] and q.shape[-1] and v.shape[-1]:
+        return tiled_attention_unchecked(q, k, v, is_causal, scale, PYTORCH_BLOCK, PYTORCH_BLOCK)
+    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p)
 
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -69,49 +79,81 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     ``torch.nn.functional.scaled_dot_product_attention``.
 
     Args:
-        q: ``(B, H, Nq, D)``; k, v: ``(B, H_kv, Nk, D)`` with ``H_kv = H`` (or dividing H
-            with ``enable_gqa=True``). float16, bfloat16 or float32; D ≤ 256; any strides.
-        attn_mask: broadcastable to ``(B, H, Nq, Nk)``; boolean (True = takes part) or float
-            (added to the scores). Read tile by tile through its strides, never expanded.
+        q: ``(…, H, Nq, D)``; k: ``(…, H_kv, Nk, D)``; v: ``(…, H_kv, Nk, Dv)``, any number of
+            leading dimensions (also none: ``(N, D)``), k/v's broadcasting to q's. ``H_kv = H``,
+            or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
+            float32 or float64; any strides; zero-size dimensions give empty (or, Nk = 0, zero)
+            outputs and zero gradients, as in SDPA.
+        attn_mask: broadcastable to ``(…, H, Nq, Nk)``; boolean (True = takes part) or float
+            (added to the scores; it gets SDPA's gradient, dS summed over its broadcast
+            dimensions). Read tile by tile through its strides, never expanded.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
-            1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The mask comes from an in-kernel
-            Philox RNG seeded from torch's default generator (`draw_dropout_seed`) and is
-            regenerated in the backward, never stored; `dropout_keep_mask` reproduces it.
-        is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). Key tiles
-            entirely above the diagonal are skipped.
-        scale: default ``1/sqrt(D)``.
+            1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The kernels' mask comes from an
+            in-kernel Philox RNG seeded from torch's default generator and is regenerated in the
+            backward, never stored; `flashlab.flash_launch.dropout_keep_mask` reproduces it.
+        is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). With ``attn_mask``
+            too only on CPU tensors (both apply), where torch 2.13's SDPA also takes both.
+        scale: default ``1/sqrt(D)`` (D of q and k).
         enable_gqa: grouped-query / multi-query attention.
-        exact_fp32: for float32 inputs, use exact fp32 products instead of TF32 (tests).
+        exact_fp32: force exact fp32 products even where torch allows TF32 (see below).
 
     Returns:
-        ``(B, H, Nq, D)``; rows with no key to attend to give zeros and zero gradients.
+        ``(…, H, Nq, Dv)``; rows with no key to attend to give zeros and zero gradients.
 
-    Where it runs: CUDA tensors run the compiled Triton kernels. CPU tensors run the same
-    kernels in Triton's interpreter when it is on (``TRITON_INTERPRET=1``, which
-    ``import flashlab`` sets on a machine without a GPU); otherwise the PyTorch
-    implementation (`tiled_attention`, or `naive_attention` for masks, GQA and dropout,
-    where dropout then draws its mask with ``torch.nn.functional.dropout``).
+    Precision: float32 products are exact by default, as SDPA's; TF32 only on a GPU and only
+    when torch allows it for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``
+    or ``torch.set_float32_matmul_precision("high")``), unless ``exact_fp32=True``.
+
+    Where it runs, decided per call (nothing is set at import):
+
+    - CUDA tensors: the compiled Triton kernels (fp16, bf16, fp32, D and Dv ≤ 256).
+    - CPU tensors: the same kernels in Triton's interpreter, fp16/bf16 computed in fp32 there
+      (the interpreter's half-precision arithmetic is not the GPU's). A call of more than
+      ``INTERPRETER_MAX_TILES`` 32 × 32 tiles (about 15 s of interpreter per forward) takes
+      the PyTorch path instead, without a warning.
+    - float64, D > 256, empty inputs, no Triton installed, other devices: the PyTorch path
+      (`tiled_attention`; `naive_attention` when a mask or dropout is involved).
+
+    The kernels are the custom ops of `flashlab.ops`, so ``torch.compile(fullgraph=True)`` and
+    ``torch.export`` capture a call as one node.
     """
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     scale = default_scale(q.shape[-1], scale)
     dropout_p = float(dropout_p)
-    if q.device.type == "cuda" or runtime.triton_interpreted():
-        if q.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"q: dtype {q.dtype} is not supported by the kernels; "
-                             "use float16, bfloat16 or float32.")
-        if q.device.type not in ("cuda", "cpu"):
-            raise ValueError(f"q: device {q.device} is not supported; use a CUDA or CPU tensor.")
-        seed = draw_dropout_seed() if dropout_p > 0 else 0
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return FlashAttentionFunction.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, exact_fp32)
-        # no gradient wanted (inference, the TSP baseline's rollouts): skip autograd's bookkeeping,
-        # about a quarter of the Python time of a small call
-        return flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, _input_precision(q, exact_fp32))[0]
-    group = q.shape[1] // k.shape[1]
-    if attn_mask is None and group == 1 and dropout_p == 0:
-        return tiled_attention(q, k, v, is_causal=is_causal, scale=scale)
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return naive_attention(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p)
+    if q.dim() >= 3 and k.shape[:-3] != q.shape[:-3]:      # batch dimensions broadcast, as in SDPA
+        k = k.expand(*q.shape[:-3], *k.shape[-3:])
+        v = v.expand(*q.shape[:-3], *v.shape[-3:])
+    if not _uses_kernels(q, k, v, attn_mask, dropout_p):
+        group = _heads(q) // max(_heads(k), 1)
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+    H, n_q, n_k, head_dim, value_dim = _heads(q), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    q4, k4, v4 = _as_4d(q, H), _as_4d(k, _heads(k)), _as_4d(v, _heads(k))
+    mask4 = attn_mask
+    if attn_mask is not None and q.dim() != 4:
+        mask4 = attn_mask.expand(*q.shape[:-2], n_q, n_k).reshape(q4.shape[0], H, n_q, n_k)
+    # value head dim ≠ query head dim: zero-pad the narrower side to the common width. Zero
+    # columns of q and k add nothing to Q Kᵀ; zero columns of V give output columns we drop.
+    width = max(head_dim, value_dim)
+    if head_dim < width:
+        q4, k4 = F.pad(q4, (0, width - head_dim)), F.pad(k4, (0, width - head_dim))
+    if value_dim < width:
+        v4 = F.pad(v4, (0, width - value_dim))
+    seed = ops.draw_seed() if dropout_p > 0 else None
+    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, input_precision(q.dtype, q.device, exact_fp32))
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, attn_mask))
+    # inference on real tensors (the TSP baseline's rollouts): skip the dispatcher, about 20 µs
+    # a call. Anything traced (compile, export: fake or functional tensors) goes through the op.
+    if not wants_grad and type(q) is torch.Tensor and not torch.compiler.is_compiling():
+        out = ops.forward_kernels(*args)[0]
+    else:
+        out = ops.flash_attention_forward(*args)[0]
+    if value_dim < width:
+        out = out[..., :value_dim]
+    return out.reshape(*q.shape[:-1], value_dim)
 
 
 class MultiHeadAttention(nn.Module):

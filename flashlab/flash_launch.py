@@ -17,6 +17,7 @@ from .flash_triton import (
     flash_backward_preprocess_kernel,
     flash_forward_kernel,
 )
+from .runtime import kernel_for
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -80,7 +81,7 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     keep = torch.empty(batch, heads, n_q, n_k, dtype=torch.uint8, device=device)
     block = 64 if torch.device(device).type == "cuda" else 32   # small grids for the interpreter
     grid = (_cdiv(n_q, block), _cdiv(n_k, block), batch * heads)
-    dropout_mask_kernel[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    kernel_for(dropout_mask_kernel, keep.device)[grid](keep, seed, n_q, n_k, dropout_p, BLOCK_M=block, BLOCK_N=block)
     return keep.bool()
 
 
@@ -92,10 +93,14 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
     launch(autotune.tuner.choose(key, configs, launch))
 
 
-def _input_precision(q, exact_fp32: bool) -> str:
-    """tl.dot's input_precision: "tf32" (tensor cores, 10 mantissa bits) for float32 inputs
-    unless exact fp32 is asked for, "ieee" otherwise (half-precision inputs are exact anyway)."""
-    return "ieee" if exact_fp32 or q.dtype != torch.float32 else "tf32"
+def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool = False) -> str:
+    """How the kernels multiply: "ieee" (exact) unless the inputs are float32 on a GPU and torch itself
+    allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
+    ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
+    forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway."""
+    if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
+        return "ieee"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
@@ -109,7 +114,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
-        flash_forward_kernel[grid](
+        kernel_for(flash_forward_kernel, q.device)[grid](
             q, k, v, mask, out, lse, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
@@ -131,7 +136,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     head_dim_args = _head_dim_args(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
-    flash_backward_preprocess_kernel[(_cdiv(n_q, rows) * B * H,)](
+    kernel_for(flash_backward_preprocess_kernel, q.device)[(_cdiv(n_q, rows) * B * H,)](
         out, grad_out, delta, *_strides(out), *_strides(grad_out), H, n_q, head_dim,
         BLOCK_M=rows, BLOCK_D=head_dim_args["BLOCK_D"])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -142,13 +147,13 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p)
 
     def launch_dkdv(config):
-        flash_backward_dkdv_kernel[(_cdiv(n_k, config.block_n) * B * H_kv,)](
+        kernel_for(flash_backward_dkdv_kernel, q.device)[(_cdiv(n_k, config.block_n) * B * H_kv,)](
             q, k, v, mask, grad_out, lse, delta, dk, dv, *inputs, *_strides(dk), *_strides(dv), *sizes,
             FAST_PATH=config.fast_path, **common, **config.kwargs())
         return dk, dv
 
     def launch_dq(config):
-        flash_backward_dq_kernel[(_cdiv(n_q, config.block_m) * B * H,)](
+        kernel_for(flash_backward_dq_kernel, q.device)[(_cdiv(n_q, config.block_m) * B * H,)](
             q, k, v, mask, grad_out, lse, delta, dq, *inputs, *_strides(dq), *sizes,
             **common, **config.kwargs())
         return (dq,)

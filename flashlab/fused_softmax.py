@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
+from .runtime import kernel_for
 
 MAX_COLS = 65536  # one row must fit in one program's registers/shared memory
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,7 +43,7 @@ def fused_softmax(x: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: ``(..., n_cols)`` float16, bfloat16 or float32, ``n_cols ≤ 65536``; on a CUDA
-            device (compiled kernel) or on the CPU when Triton's interpreter is on.
+            device (compiled kernel) or on the CPU (the same kernel in Triton's interpreter).
     Returns:
         A tensor like ``x`` (same dtype); rows of only −inf give zeros.
     """
@@ -56,15 +56,15 @@ def fused_softmax(x: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] > MAX_COLS:
         raise ValueError(f"x: rows of {x.shape[-1]} columns exceed {MAX_COLS}; "
                          "use flashlab.online_softmax for longer rows.")
-    if x.device.type != "cuda" and not runtime.triton_interpreted():
-        raise ValueError(f"x: is on {x.device}, but Triton kernels need a CUDA tensor, or "
-                         "TRITON_INTERPRET=1 set before flashlab is imported.")
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"x: is on {x.device}; the kernel runs on CUDA tensors (compiled) or CPU "
+                         "tensors (Triton's interpreter). Move it with x.cuda() or x.cpu().")
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty_like(rows)
     block = triton.next_power_of_2(rows.shape[1])
     num_warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    softmax_kernel[(rows.shape[0],)](rows, out, rows.shape[1], rows.stride(0), out.stride(0),
-                                     BLOCK=block, num_warps=num_warps)
+    kernel_for(softmax_kernel, x.device)[(rows.shape[0],)](rows, out, rows.shape[1], rows.stride(0), out.stride(0),
+                                                           BLOCK=block, num_warps=num_warps)
     return out.reshape(x.shape)

@@ -58,6 +58,14 @@ def naive_attention(
         ValueError: for mismatched shapes, dtypes or devices, naming the argument.
     """
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale)
+    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p,
+                                     dropout_keep=dropout_keep)
+
+
+def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
+                              dropout_keep=None):
+    """`naive_attention` for callers that validated the inputs already (`flashlab.attention`).
+    Here ``attn_mask`` and ``is_causal`` may come together: both apply."""
     scale = default_scale(q.shape[-1], scale)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
 
@@ -65,7 +73,13 @@ def naive_attention(
     scores = torch.einsum("...id,...jd->...ij", q * scale, k)
 
     if is_causal:
-        attn_mask = causal_keep_mask(n_queries, n_keys, q.device)
+        causal = causal_keep_mask(n_queries, n_keys, q.device)
+        if attn_mask is None:
+            attn_mask = causal
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & causal
+        else:
+            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
     empty_rows = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
@@ -74,11 +88,9 @@ def naive_attention(
             scores = scores + attn_mask
         # A row with no key left would be softmax(-inf, …, -inf) = 0/0 = NaN. Give it
         # finite scores so softmax and its backward stay finite, then zero it below.
+        # (No `if empty_rows.any()`: a data-dependent branch would break torch.compile's graph.)
         empty_rows = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        if empty_rows.any():
-            scores = scores.masked_fill(empty_rows, 0.0)
-        else:
-            empty_rows = None
+        scores = scores.masked_fill(empty_rows, 0.0)
 
     # P = softmax(S): rebinding `scores` lets S be freed as soon as P exists.
     scores = torch.softmax(scores, dim=-1)

@@ -1,28 +1,156 @@
-"""Where flashlab's Triton kernels run: compiled on an NVIDIA GPU, interpreted on CPU.
+"""Where flashlab's Triton kernels run, decided per call: compiled for CUDA tensors, in
+Triton's interpreter for CPU tensors.
 
-Triton decides at the moment a kernel is *defined* (``@triton.jit``) whether it will be
-compiled or interpreted, by reading ``TRITON_INTERPRET``. flashlab therefore settles the
-question when it is imported, before any of its kernels exist:
+Triton decides when a kernel is *defined* (``@triton.jit``) whether it will ever be
+compiled or interpreted, by reading ``TRITON_INTERPRET``. Setting that variable from a
+library would switch every other Triton user of the process to the interpreter (and it
+is too late anyway once ``triton`` was imported first: ``triton.language``'s own helpers,
+``tl.max``, ``tl.rand``…, were then defined compiled). flashlab therefore sets nothing at
+import. Each launch site asks for the kernel that fits its tensors' device:
 
-- ``TRITON_INTERPRET`` already set by you: respected as it is.
-- no CUDA GPU visible: set to ``1``, so the same kernels run in Triton's interpreter
-  (NumPy on the CPU; slow, so the course uses small sizes there).
-- a CUDA GPU: left unset, kernels are compiled for it.
+    kernel_for(flash_forward_kernel, q.device)[grid](q, k, ...)
+
+- CUDA tensors: the ``@triton.jit`` kernel itself, compiled as usual.
+- CPU tensors: an *interpreted twin*, Triton's ``InterpretedFunction`` built from the same
+  Python source, run while calls to other ``@triton.jit`` functions (the kernel's helpers,
+  ``tl.max``, ``tl.rand``) are routed to their own interpreted twins. Triton's interpreter
+  patches ``triton.language`` for the duration of a launch in the same way; both patches are
+  undone when the launch returns (launches on CPU are serialised by a lock).
+- ``TRITON_INTERPRET=1`` set by you before ``triton`` is imported: every kernel already is
+  an interpreted function and is launched as it is, on any device.
+
+The twins work on Triton 3.6 (the course's GPU) and 3.9 (its CPU): both define
+``InterpretedFunction(fn)`` and a ``JITFunction.__call__`` that only raises.
+
+`triton_available` says whether Triton is installed at all; `require_triton` raises the
+message a caller sees when a kernel is needed without it (the PyTorch paths need no Triton).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
+import threading
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+# checked once, without importing triton (a plain constant: torch.compile traces through it)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
+def triton_available() -> bool:
+    """True if ``import triton`` would work."""
+    return _TRITON_INSTALLED
+
+
+def require_triton(what: str = "this Triton kernel") -> None:
+    """Raise a clear error if Triton is missing; flashlab's PyTorch paths need no Triton."""
+    if not triton_available():
+        raise ImportError(f"{what} needs Triton, which is not installed. Install it with "
+                          "`pip install triton` (Linux; on a CUDA machine it comes with torch), "
+                          "or use CPU tensors: flashlab.attention then runs its PyTorch path.")
+
+
+def interpreting_everything() -> bool:
+    """True if ``TRITON_INTERPRET`` is set: Triton then interprets every kernel it defines,
+    flashlab's included, whatever the device."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def triton_interpreted() -> bool:
-    """True if Triton kernels defined from now on run in the interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Kept for older callers: CPU tensors always run flashlab's kernels in the interpreter
+    now, so this only says whether the interpreter is *forced* for every kernel."""
+    return interpreting_everything()
+
+
+_launch_lock = threading.RLock()
+
+
+class _Twin:
+    """What ``kernel_for(kernel, cpu)`` returns: ``twin[grid](*args)`` launches the
+    interpreted twin of ``kernel`` with its helper calls interpreted too."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            with _helpers_interpreted():
+                return _interpreted(self.kernel, refresh=True)[grid](*args, **kwargs)
+        return launch
+
+    def __call__(self, *args, **kwargs):  # called from inside another interpreted kernel
+        return _interpreted(self.kernel)(*args, **kwargs)
+
+    def __getattr__(self, name):          # .fn, .src, __name__: as the kernel has them
+        return getattr(self.kernel, name)
+
+
+def kernel_for(kernel, device):
+    """The kernel to launch for tensors on ``device``: ``kernel`` itself on a GPU (compiled),
+    an interpreted twin on the CPU. Adopt it at a launch site in one line:
+    ``kernel_for(my_kernel, x.device)[grid](x, ...)``."""
+    if torch.device(device).type != "cpu" or not _is_compiled_kernel(kernel):
+        return kernel
+    return _Twin(kernel)
+
+
+def _is_compiled_kernel(kernel) -> bool:
+    from triton.runtime.jit import JITFunction
+    return isinstance(kernel, JITFunction)
+
+
+_twins: dict = {}          # id(JITFunction) → (JITFunction, its InterpretedFunction)
+_shadow_globals: dict = {}  # id(module globals) → (those globals, the copy the twins run in)
+
+
+def _interpreted(jit_function, refresh: bool = False):
+    """The interpreted twin of a ``@triton.jit`` function (built once). Its Python function is
+    a copy of the original whose globals are a private copy of the module's: the interpreter
+    writes its own names into a kernel's globals, and those must not land in the module."""
+    # keyed by id: hashing a JITFunction hashes its source and dependencies, which fails
+    # while the interpreter has triton.language patched
+    entry = _twins.get(id(jit_function))
+    twin = entry[1] if entry is not None else None
+    if twin is None:
+        import types
+
+        from triton.runtime.interpreter import InterpretedFunction
+        fn = jit_function.fn
+        shadow = _shadow_globals.setdefault(id(fn.__globals__), (fn.__globals__, dict(fn.__globals__)))[1]
+        copy = types.FunctionType(fn.__code__, shadow, fn.__name__, fn.__defaults__, fn.__closure__)
+        copy.__kwdefaults__, copy.__annotations__ = fn.__kwdefaults__, fn.__annotations__
+        copy.__module__, copy.__qualname__, copy.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+        twin = InterpretedFunction(copy)
+        _twins[id(jit_function)] = (jit_function, twin)
+    elif refresh:
+        # a notebook may have redefined a helper since: look names up afresh
+        twin.fn.__globals__.update(jit_function.fn.__globals__)
+    return twin
+
+
+@contextlib.contextmanager
+def _helpers_interpreted():
+    """While an interpreted kernel runs, a call to a compiled ``@triton.jit`` function (which
+    otherwise raises "Cannot call @triton.jit'd outside of the scope of a kernel") runs its
+    interpreted twin. Undone on exit; nested launches share one patch."""
+    from triton.runtime.jit import JITFunction
+    with _launch_lock:
+        original = JITFunction.__dict__["__call__"]
+        if getattr(original, "_flashlab_twin_call", False):
+            yield
+            return
+
+        def call_twin(self, *args, **kwargs):
+            return _interpreted(self)(*args, **kwargs)
+
+        call_twin._flashlab_twin_call = True
+        JITFunction.__call__ = call_twin
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
 
 
 def describe() -> dict[str, str]:
@@ -34,11 +162,12 @@ def describe() -> dict[str, str]:
         "torch": torch.__version__,
         "cuda_available": str(torch.cuda.is_available()),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only",
-        "triton_kernels": "interpreter (CPU)" if triton_interpreted() else "compiled (GPU)",
+        "triton_kernels": ("interpreter for every kernel (TRITON_INTERPRET is set)" if interpreting_everything()
+                           else "compiled for CUDA tensors, interpreted for CPU tensors"),
     }
-    try:
+    if triton_available():
         import triton
         info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = "not installed"
+    else:
+        info["triton"] = "not installed (CPU tensors use flashlab's PyTorch path)"
     return info

@@ -87,6 +87,11 @@ def tiled_attention_forward(q, k, v, is_causal=False, scale=None, block_m=64, bl
     log-sum-exp L ``(..., Nq)`` in fp32 (fp64 for fp64 inputs)."""
     check_attention_inputs(q, k, v, None, is_causal, scale)
     _check_blocks(block_m, block_n)
+    return _tiled_forward(q, k, v, is_causal, scale, block_m, block_n, observer)
+
+
+def _tiled_forward(q, k, v, is_causal, scale, block_m, block_n, observer=None):
+    """`tiled_attention_forward` on inputs already validated."""
     obs = observer or TileObserver()
     scale = default_scale(q.shape[-1], scale)
     acc_dtype = _accumulator_dtype(q.dtype)
@@ -182,7 +187,7 @@ class TiledAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, block_m, block_n):
-        out, lse = tiled_attention_forward(q, k, v, is_causal, scale, block_m, block_n)
+        out, lse = _tiled_forward(q, k, v, is_causal, scale, block_m, block_n)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (is_causal, scale, block_m, block_n)
         return out
@@ -207,4 +212,10 @@ def tiled_attention(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64
     """
     check_attention_inputs(q, k, v, None, is_causal, scale)
     _check_blocks(block_m, block_n)
+    return TiledAttentionFunction.apply(q, k, v, is_causal, scale, block_m, block_n)
+
+
+def tiled_attention_unchecked(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64):
+    """`tiled_attention` for callers that validated the inputs already (`flashlab.attention`):
+    inputs are checked once, at the public entry point."""
     return TiledAttentionFunction.apply(q, k, v, is_causal, scale, block_m, block_n)

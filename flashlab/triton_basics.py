@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import kernel_for
+
 
 @triton.jit
 def scores_kernel(Q, K, S, OWNER, n_q, n_k, head_dim, scale,
@@ -55,6 +57,7 @@ def scores_by_tiles(q: torch.Tensor, k: torch.Tensor, block_m: int = 32, block_n
     s = torch.empty(n_q, n_k, dtype=torch.float32, device=q.device)
     owner = torch.empty(n_q, n_k, dtype=torch.int32, device=q.device)
     grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n))
-    scores_kernel[grid](q, k, s, owner, n_q, n_k, head_dim, scale, *q.stride(), *k.stride(), *s.stride(),
-                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)))
+    kernel_for(scores_kernel, q.device)[grid](
+        q, k, s, owner, n_q, n_k, head_dim, scale, *q.stride(), *k.stride(), *s.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)))
     return s, owner

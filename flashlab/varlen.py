@@ -15,7 +15,7 @@ import torch
 from . import autotune
 from .checks import default_scale
 from .decode import launch
-from .flash_launch import MAX_HEAD_DIM, PREPROCESS_BLOCK, _block_d, _cdiv, _precision
+from .flash_launch import MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args, input_precision
 from .flash_triton import LOG2E, flash_backward_preprocess_kernel
 from .varlen_triton import varlen_backward_dkdv_kernel, varlen_backward_dq_kernel, varlen_forward_kernel
 
@@ -129,7 +129,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precis
         launch(varlen_forward_kernel, (num_m * batch * heads,),
                q, k, v, cu_q, cu_k, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0),
                heads, heads // k.shape[1], head_dim, num_m, scale * LOG2E, left, right,
-               BLOCK_D=_block_d(head_dim), INPUT_PRECISION=precision, **blocks)
+               BLOCK_D=_head_dim_args(head_dim)["BLOCK_D"], INPUT_PRECISION=precision, **blocks)
     return out, lse
 
 
@@ -140,15 +140,15 @@ def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, scale
     batch, total_q = cu_q.numel() - 1, q.shape[0]
     gpu = q.device.type == "cuda"
     blocks = varlen_block_sizes(gpu, head_dim)
-    block_d = _block_d(head_dim)
+    block_d = _head_dim_args(head_dim)["BLOCK_D"]
     grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
     delta = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)   # empty sequences: 0
     if total_q:
         rows = PREPROCESS_BLOCK[gpu]
         launch(flash_backward_preprocess_kernel, (_cdiv(total_q, rows) * heads,),
-               out, grad_out, delta, 0, out.stride(1), out.stride(0), out.stride(2),
-               0, grad_out.stride(1), grad_out.stride(0), grad_out.stride(2), heads, total_q, head_dim,
+               out, grad_out, delta, 0, out.stride(1), out.stride(0),      # head dim contiguous
+               0, grad_out.stride(1), grad_out.stride(0), heads, total_q, head_dim,
                BLOCK_M=rows, BLOCK_D=block_d)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), lse.stride(0))
     num_n = _cdiv(max_k, blocks["dkdv"]["BLOCK_N"])
@@ -207,7 +207,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
     scale = default_scale(q.shape[-1], scale)
     left, right = band(is_causal, window, max_seqlen_q, max_seqlen_k)
-    precision = _precision(q, exact_fp32 or q.device.type == "cpu")
+    precision = input_precision(q.dtype, q.device, exact_fp32)
     args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right, precision)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return VarlenAttentionFunction.apply(q, k, v, *args)

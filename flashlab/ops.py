@@ -1,0 +1,137 @@
+"""flashlab's attention kernels as PyTorch custom operators, so that ``torch.compile``
+(``fullgraph=True``, any backend) and ``torch.export`` see one opaque node instead of
+tracing into Triton's launcher:
+
+    flashlab::flash_attention_forward(q, k, v, attn_mask?, dropout_p, seed?, is_causal, scale,
+                                      input_precision) -> (out, lse)
+    flashlab::flash_attention_backward(grad_out, q, k, v, out, lse, attn_mask?, dropout_p, seed?,
+                                       is_causal, scale, input_precision, mask_grad)
+                                      -> (dq, dk, dv, dmask)
+
+Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
+broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32).
+`flashlab.attention` validates and reshapes its inputs, then calls these; nothing here
+validates again.
+
+- The seed of dropout is a CPU int64 tensor drawn *outside* the op (`draw_seed`), so a
+  compiled graph draws a fresh one per call and the backward replays the same mask.
+- CUDA tensors run the compiled kernels (autotuned); CPU tensors their interpreted twins
+  (`flashlab.runtime.kernel_for`). The interpreter's bfloat16 and float16 arithmetic is not
+  the GPU's (bf16 sums come out wrong by orders of magnitude), so on the CPU half-precision
+  inputs are computed in fp32 and the results cast back.
+- ``dmask`` is the gradient of a float ``attn_mask`` (dS summed over its broadcast
+  dimensions, as SDPA gives it). The kernels do not produce dS, so it is recomputed here in
+  PyTorch from the saved log-sum-exp: an Nq × Nk tensor per head, only when the mask
+  requires grad. Otherwise ``dmask`` is an empty tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
+
+
+def draw_seed() -> Tensor:
+    """The Philox seed of one dropout call, from torch's default generator (so
+    ``torch.manual_seed`` makes dropout reproducible), as a CPU int64 scalar tensor: a
+    compiled graph then draws it per call instead of baking in a constant."""
+    return torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
+
+
+def _on_cpu_in_fp32(device: torch.device, *tensors):
+    """Half-precision CPU tensors as fp32 (see the module docstring); others unchanged."""
+    if device.type != "cpu":
+        return tensors
+    return tuple(t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+                 for t in tensors)
+
+
+def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                    seed: Tensor | None, is_causal: bool, scale: float, input_precision: str) -> tuple[Tensor, Tensor]:
+    """The forward op's implementation, also called directly where no graph is traced and no
+    gradient is wanted (inference calls are launch-bound: the dispatcher costs microseconds)."""
+    from .flash_launch import flash_forward
+    qc, kc, vc, mask = _on_cpu_in_fp32(q.device, q, k, v, attn_mask)
+    out, lse = flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
+                             scale, input_precision)
+    return out.to(q.dtype), lse
+
+
+flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(
+    forward_kernels)
+
+
+@flash_attention_forward.register_fake
+def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
+    B, H, n_q, _ = q.shape
+    return q.new_empty(B, H, n_q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
+
+
+@torch.library.custom_op("flashlab::flash_attention_backward", mutates_args=())
+def flash_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
+                             scale: float, input_precision: str,
+                             mask_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from .flash_launch import flash_backward
+    seed_value = int(seed) if seed is not None else 0
+    qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q.device, q, k, v, out, grad_out, attn_mask)
+    dq, dk, dv = flash_backward(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale,
+                                input_precision)
+    dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale)
+             .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+
+
+@flash_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad):
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
+
+
+def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale):
+    """d loss / d attn_mask = dS, summed over the mask's broadcast dimensions:
+        P = exp(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
+    with S = Q Kᵀ·scale + mask (−inf where causal or out of range) and L the saved lse."""
+    B, H, n_q, _ = q.shape
+    n_k, group = k.shape[2], H // k.shape[1]
+    k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    scores = (q.float() @ k.transpose(-1, -2)) * scale + attn_mask.float()
+    if is_causal:
+        above = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(above, float("-inf"))
+    p = torch.exp(scores - (lse / LOG2E)[..., None])                # rows with no key: L = +inf → P = 0
+    dp = grad_out.float() @ v.transpose(-1, -2)
+    if dropout_p > 0:
+        from .flash_launch import dropout_keep_mask
+        dp = dp * dropout_keep_mask(seed, B, H, n_q, n_k, dropout_p, device=q.device) / (1 - dropout_p)
+    delta = (grad_out.float() * out.float()).sum(-1, keepdim=True)
+    return (p * (dp - delta)).sum_to_size(attn_mask.shape)
+
+
+class FlashAttentionFunction:
+    """The forward op's autograd formula, registered with ``register_autograd``: the forward
+    saves q, k, v, O and the log-sum-exp (and, with dropout, the seed: the mask is
+    regenerated, never stored); the backward runs the backward op."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision = inputs
+        out, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse, attn_mask, seed)
+        ctx.options = (dropout_p, is_causal, scale, input_precision)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse, attn_mask, seed = ctx.saved_tensors
+        dropout_p, is_causal, scale, input_precision = ctx.options
+        mask_grad = bool(attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3])
+        dq, dk, dv, dmask = torch.ops.flashlab.flash_attention_backward(
+            grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad)
+        return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None
+
+
+flash_attention_forward.register_autograd(FlashAttentionFunction.backward,
+                                          setup_context=FlashAttentionFunction.setup_context)

@@ -1,0 +1,290 @@
+"""flashlab.attention as a drop-in for SDPA (issue 17): custom ops under torch.compile and
+torch.export, any import order, nothing set at import, every input SDPA takes, and no
+silently wrong result (bf16 on CPU, float-mask gradients)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashlab
+from flashlab import assert_close, ops
+from flashlab.flash_attention import attention, input_precision
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def _run_python(code: str, env_drop=("TRITON_INTERPRET",)) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_any_import_order_and_nothing_set_at_import():
+    """triton and torch._dynamo imported first (as lightning or rl4co do): flashlab's kernels
+    still run on CPU tensors, and importing flashlab leaves TRITON_INTERPRET alone."""
+    out = _run_python("""
+        import os, triton, torch._dynamo, torch, torch.nn.functional as F
+        import flashlab
+        assert "TRITON_INTERPRET" not in os.environ, "import flashlab set TRITON_INTERPRET"
+        q, k, v = (torch.randn(1, 2, 9, 16, dtype=torch.float64).float().requires_grad_() for _ in range(3))
+        out = flashlab.attention(q, k, v, is_causal=True)
+        out.sum().backward()
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+        x = torch.randn(3, 20)
+        print((out - ref).abs().max().item(), q.grad.abs().sum().item() > 0,
+              (flashlab.fused_softmax(x) - x.softmax(-1)).abs().max().item(), "TRITON_INTERPRET" in os.environ)
+    """)
+    err, has_grad, softmax_err, env_set = out.split()
+    assert float(err) < 1e-5 and has_grad == "True" and float(softmax_err) < 1e-6 and env_set == "False"
+
+
+def test_import_and_cpu_path_without_triton():
+    """Triton missing: `import flashlab` works, CPU attention takes the PyTorch path, and a
+    Triton kernel says what is missing."""
+    out = _run_python("""
+        import sys, importlib.util
+        real = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] == "triton" else real(name, *a)
+        sys.modules["triton"] = None                      # `import triton` raises ImportError
+        import torch, torch.nn.functional as F, flashlab
+        q = torch.randn(2, 3, 10, 8)
+        print((flashlab.attention(q, q, q, is_causal=True)
+               - F.scaled_dot_product_attention(q, q, q, is_causal=True)).abs().max().item())
+        try:
+            flashlab.fused_softmax(q)
+        except ImportError as e:
+            print("ImportError:", "pip install triton" in str(e))
+    """, env_drop=("TRITON_INTERPRET",))
+    err, line = out.splitlines()
+    assert float(err) < 1e-5 and line == "ImportError: True"
+
+
+class _Block(torch.nn.Module):
+    """A small model on flashlab attention: MultiHeadAttention (causal), then a float key
+    mask through attention directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = flashlab.MultiHeadAttention(32, 2, causal=True)
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, x, mask):
+        h = self.mha(x)
+        q = self.proj(h).view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)
+        return attention(q, q, q, attn_mask=mask).sum(-1)
+
+
+def _model_inputs():
+    torch.manual_seed(0)
+    return _Block(), torch.randn(2, 9, 32), torch.randn(2, 1, 1, 9)
+
+
+def test_compile_fullgraph_matches_eager():
+    """torch.compile(fullgraph=True) captures both attention calls as custom-op nodes (one
+    graph, no break); outputs and parameter gradients equal eager's. (aot_eager: the CI-sized
+    backend; inductor is in the GPU script: its C++ compile takes minutes on 2 shared cores.)"""
+    model, x, mask = _model_inputs()
+    want = model(x, mask)
+    want.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    got = torch.compile(model, backend="aot_eager", fullgraph=True)(x, mask)
+    got.sum().backward()
+    assert torch.equal(got, want)
+    for p, g in zip(model.parameters(), grads):
+        assert torch.allclose(p.grad, g, rtol=0, atol=1e-6)
+
+
+def test_export_holds_the_custom_op():
+    model, x, mask = _model_inputs()
+    exported = torch.export.export(model, (x, mask))
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert targets.count("flashlab.flash_attention_forward.default") == 2, targets
+    assert torch.equal(exported.module()(x, mask), model(x, mask))
+
+
+@pytest.mark.parametrize("case", ["causal", "float mask", "bool mask + dropout + gqa"])
+def test_opcheck(case):
+    q = torch.randn(1, 4, 5, 16, requires_grad=True)
+    k, v = (torch.randn(1, 4 if case != "bool mask + dropout + gqa" else 2, 7, 16, requires_grad=True)
+            for _ in range(2))
+    args = {"causal": (q, k, v, None, 0.0, None, True, 0.25, "ieee"),
+            "float mask": (q, k, v, torch.randn(1, 1, 5, 7, requires_grad=True), 0.0, None, False, 0.25, "ieee"),
+            "bool mask + dropout + gqa": (q, k, v, torch.rand(5, 7) > 0.3, 0.3, torch.tensor(11), False, 0.25,
+                                          "ieee")}[case]
+    result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_on_cpu_is_right(dtype):
+    """The interpreter's bf16 arithmetic is wrong (2.6e8 where SDPA gives −0.21): flashlab
+    computes half precision in fp32 on the CPU and casts. Checked against float64."""
+    q, k, v = (torch.randn(1, 2, 40, 32).to(dtype).requires_grad_() for _ in range(3))
+    out = attention(q, k, v, is_causal=True)
+    assert out.dtype == dtype
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+    want.backward(grad.double())
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert_close(out, want, tol=tol)
+    for got, ref in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert_close(got, ref, tol=2 * tol)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 3, 6, 7), (2, 1, 1, 7), (6, 7), (3, 1, 7)])
+def test_float_mask_gets_sdpas_gradient(mask_shape):
+    """dS, summed over the mask's broadcast dimensions: the kernel path against SDPA."""
+    q = torch.randn(2, 3, 6, 16, requires_grad=True)
+    k, v = torch.randn(2, 3, 7, 16, requires_grad=True), torch.randn(2, 3, 7, 16, requires_grad=True)
+    mask = torch.randn(mask_shape, requires_grad=True)
+    grad = torch.randn(2, 3, 6, 16)
+    attention(q, k, v, attn_mask=mask).backward(grad)
+    got = [t.grad for t in (q, k, v, mask)]
+    for t in (q, k, v, mask):
+        t.grad = None
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(grad)
+    for name, a, t in zip(("q", "k", "v", "mask"), got, (q, k, v, mask)):
+        assert a.shape == t.shape
+        assert_close(a, t.grad.double(), tol=1e-5, what=f"d{name}")
+
+
+def test_float_mask_gradcheck_in_float64():
+    """float64 runs the PyTorch path; gradcheck differentiates it w.r.t. q, k, v and the mask."""
+    q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.randn(1, 1, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c, m: attention(a, b, c, attn_mask=m, is_causal=True),
+                                    (q, k, v, mask))
+
+
+def test_backward_when_only_the_mask_requires_grad():
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    mask = torch.randn(1, 2, 5, 5, requires_grad=True)
+    attention(q, k, v, attn_mask=mask).sum().backward()
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(), mask)[0]
+    assert_close(mask.grad, want.double(), tol=1e-5)
+
+
+def _sdpa_check(q, k, v, tol=1e-5, **kwargs):
+    """Output and gradients of flashlab.attention against SDPA in float64."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, **kwargs)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    mask = kwargs.pop("attn_mask", None)
+    want = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=None if mask is None else
+                                          (mask if mask.dtype == torch.bool else mask.double()), **kwargs)
+    assert out.shape == want.shape and out.dtype == q.dtype
+    if out.numel():
+        assert_close(out, want, tol=tol)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want.backward(grad.double())
+    for t, t64 in ((q, q64), (k, k64), (v, v64)):
+        assert t.grad.shape == t.shape
+        if t.numel():
+            assert_close(t.grad, t64.grad, tol=10 * tol)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((7, 16), (9, 16), (9, 16)),                          # 2-D (N, D)
+    ((3, 7, 16), (3, 9, 16), (3, 9, 16)),                 # 3-D (H, N, D)
+    ((2, 2, 3, 7, 16), (2, 2, 3, 9, 16), (2, 2, 3, 9, 16)),   # 5-D
+    ((2, 3, 7, 16), (1, 3, 9, 16), (1, 3, 9, 16)),        # k/v batch broadcasts
+    ((1, 2, 7, 16), (1, 2, 9, 16), (1, 2, 9, 24)),        # Dv > D
+    ((1, 2, 7, 32), (1, 2, 9, 32), (1, 2, 9, 8)),         # Dv < D
+])
+def test_every_rank_and_value_width(shapes):
+    _sdpa_check(*(torch.randn(s) for s in shapes), is_causal=True)
+
+
+def test_gqa_in_3d_and_mask_with_causal_on_cpu():
+    q, k, v = torch.randn(4, 7, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
+    _sdpa_check(q, k, v, enable_gqa=True, is_causal=True)
+    keep = torch.rand(7, 9) > 0.3
+    _sdpa_check(torch.randn(1, 2, 7, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), attn_mask=keep,
+                is_causal=True)
+    _sdpa_check(torch.randn(1, 2, 7, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16),
+                attn_mask=torch.randn(7, 9), is_causal=True)
+
+
+def test_float64_and_head_dim_over_256_take_the_pytorch_path():
+    _sdpa_check(*(torch.randn(1, 2, 7, 16, dtype=torch.float64) for _ in range(3)), tol=1e-12, is_causal=True)
+    _sdpa_check(*(torch.randn(1, 1, 5, 300) for _ in range(3)))
+
+
+@pytest.mark.parametrize("q_shape,kv_shape", [
+    ((2, 0, 5, 8), (2, 0, 5, 8)),      # zero heads (was ZeroDivisionError)
+    ((0, 3, 5, 8), (0, 3, 5, 8)),      # zero batch
+    ((2, 3, 0, 8), (2, 3, 5, 8)),      # no queries
+    ((2, 3, 5, 8), (2, 3, 0, 8)),      # no keys: zeros, as SDPA
+    ((2, 3, 5, 0), (2, 3, 5, 0)),      # D = 0: uniform weights, as SDPA
+])
+def test_zero_size_dimensions(q_shape, kv_shape):
+    _sdpa_check(torch.randn(q_shape), torch.randn(kv_shape), torch.randn(*kv_shape[:-1], 4))
+
+
+def test_zero_kv_heads_with_gqa():
+    _sdpa_check(torch.randn(1, 0, 5, 8), torch.randn(1, 0, 5, 8), torch.randn(1, 0, 5, 8), enable_gqa=True)
+
+
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if CUDA else []))
+def test_mask_with_causal_refused_where_sdpa_refuses_it(device):
+    """SDPA takes attn_mask with is_causal only in its CPU flash backend; elsewhere (CUDA, meta)
+    it raises, and so does flashlab."""
+    q = torch.randn(1, 2, 5, 8, device=device)
+    with pytest.raises(ValueError, match="^attn_mask:"):
+        attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool, device=device), is_causal=True)
+
+
+def test_fp32_is_exact_unless_torch_allows_tf32():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")          # torch's default: exact
+        assert input_precision(torch.float32, torch.device("cuda")) == "ieee"
+        torch.set_float32_matmul_precision("high")             # = torch.backends.cuda.matmul.allow_tf32 = True
+        assert input_precision(torch.float32, torch.device("cuda")) == "tf32"
+        assert input_precision(torch.float32, torch.device("cuda"), exact_fp32=True) == "ieee"
+        assert input_precision(torch.float32, torch.device("cpu")) == "ieee"      # the CPU has no TF32
+        assert input_precision(torch.bfloat16, torch.device("cuda")) == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_long_cpu_calls_take_the_pytorch_path(monkeypatch):
+    """Above INTERPRETER_MAX_TILES the kernels are not called (here: forced by a low limit)."""
+    import flashlab.flash_attention as api
+
+    def no_kernels(*args):
+        raise AssertionError("the interpreted kernels ran")
+
+    monkeypatch.setattr(api, "INTERPRETER_MAX_TILES", 3)
+    monkeypatch.setattr(ops, "forward_kernels", no_kernels)
+    q, k, v = (torch.randn(1, 2, 70, 16, requires_grad=True) for _ in range(3))
+    _sdpa_check(q, k, v, is_causal=True)
+    _sdpa_check(q, k, v, attn_mask=torch.rand(70, 70) > 0.2)
+
+
+def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():
+    """Dropout through the op: the same torch seed gives the same output and gradients."""
+    q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
+    results = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        out = attention(q, k, v, dropout_p=0.4)
+        results.append((out.detach(), *torch.autograd.grad(out.sum(), (q, k, v))))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
