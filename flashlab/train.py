@@ -76,7 +76,7 @@ class RunConfig:
     min_lr_ratio: float = option(0.1, "the cosine decays to lr·min_lr_ratio at the last step (1: constant lr)",
                                  low=0, high=1)
     grad_clip: float = option(1.0, "largest global gradient norm; 0 = no clipping", low=0)
-    precision: str = option("32-true", "precision mode (flashlab.precision)",
+    precision: str = option("32-true", "precision mode (flashlab.mixed_precision)",
                             choices=tuple(PRECISIONS), on_resume="fixed")
     tf32: bool = option(True, "fp32 matmuls on TF32 tensor cores (GPU only)")
     max_bad_steps: int = option(20, "stop once this many optimizer steps in a row were skipped for a non-finite "

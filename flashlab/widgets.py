@@ -89,9 +89,14 @@ def block_size_report(onchip_kib: int, head_dim: int, seq_len: int, dtype=torch.
                "O_i (acc)": block_m * head_dim * 4, "S_ij": block_m * block_n * 4}
     tiled = sum(tiled_forward_traffic(1, 1, seq_len, head_dim, dtype, block_m=block_m, block_n=block_n).values())
     naive = sum(s.total for s in naive_attention_traffic(1, 1, seq_len, head_dim, dtype))
+    # Algorithm 1 sizes B_c = ⌈M/4d⌉ so that Q_i, K_j, V_j and O_i, in the input's dtype, fit in M
+    # (B_r·d + 2·B_c·d + B_r·d ≤ 4·B_c·d elements). A kernel also holds the score tile S_ij and
+    # keeps O_i in fp32, which that budget does not count.
+    paper_budget = (2 * block_m + 2 * block_n) * head_dim * b
     lines = [f"M = {onchip_kib} KiB, d = {head_dim}: block_m (B_r) = {block_m}, block_n (B_c) = {block_n}"]
     lines += [f"  {name:>10}: {format_bytes(size)}" for name, size in on_chip.items()]
-    lines.append(f"  on chip in all: {format_bytes(sum(on_chip.values()))}")
+    lines.append(f"  Algorithm 1's budget (Q_i, K_j, V_j, O_i in the input dtype): {format_bytes(paper_budget)} ≤ M")
+    lines.append(f"  on chip in all (fp32 O_i and S_ij included): {format_bytes(sum(on_chip.values()))}")
     lines.append(f"HBM traffic of the forward, N = {seq_len:,}: tiled {format_bytes(tiled)}, "
                  f"naive {format_bytes(naive)} ({naive / tiled:.1f}x more)")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ against float64 and against FlexAttention's block masks, then the issue's target
 
 Writes DIR/decode_varlen.json (and DIR/decode_varlen_tests.log). Run from the repository root:
 
-    PYTHONPATH=. python gpu/nb10_h200.py results/h200
+    python -m measurements.nb10_h200 results/h200
 
 About 5 minutes on an H200 (Triton compilation and torch.compile of FlexAttention included).
 """
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from flashlab.bench import time_ms
+from flashlab.results import environment
 
 from flashlab import rel_error
-from flashlab.bench import time_ms
 from flashlab.decode import choose_num_splits, decode_attention, reference_decode_attention, sm_count
 from flashlab.model import CausalTransformer
 from flashlab.packing import RepeatedPatternDocuments, training_throughput
 from flashlab.reference import TOLERANCE
-from flashlab.results import environment
 from flashlab.varlen import cu_seqlens_from_lengths, reference_varlen_attention, varlen_attention
 
 START = time.time()
@@ -328,9 +328,9 @@ def run_tests():
 def main():
     global OUT
     if len(sys.argv) != 2:
-        sys.exit("usage: PYTHONPATH=. python gpu/nb10_h200.py OUT_DIR   (e.g. results/h200)")
+        sys.exit("usage: python -m measurements.nb10_h200 OUT_DIR   (e.g. results/h200)")
     if not torch.cuda.is_available():
-        sys.exit("gpu/nb10_h200.py needs a CUDA GPU.")
+        sys.exit("measurements/nb10_h200.py needs a CUDA GPU.")
     OUT = Path(sys.argv[1])
     OUT.mkdir(parents=True, exist_ok=True)
     for name, fn in SECTIONS:

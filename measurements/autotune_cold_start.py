@@ -3,11 +3,11 @@ the decisions the package ships, and the first call's cost before → after. Run
 repository root; every phase writes JSON under OUT and stops starting new work after
 --budget-s seconds (so one call fits the device's 10-minute limit):
 
-  PYTHONPATH=. python results/autotune_cold_start.py fp32 OUT             # D = 96/128/256, tuning off and on
-  PYTHONPATH=. python results/autotune_cold_start.py pretune OUT --set bench            # bf16+fp16 benchmark shapes
-  PYTHONPATH=. python results/autotune_cold_start.py pretune OUT --set sweep --dtype fp32   # D 16-256, trainer, TSP
-  PYTHONPATH=. python results/autotune_cold_start.py ship OUT1 [OUT2 …]   # (no GPU) → flashlab/tuned/nvidia-h200.json
-  PYTHONPATH=. python results/autotune_cold_start.py coldstart OUT        # first fwd+bwd: off / tuning / shipped
+  python -m measurements.autotune_cold_start fp32 OUT             # D = 96/128/256, tuning off and on
+  python -m measurements.autotune_cold_start pretune OUT --set bench            # bf16+fp16 benchmark shapes
+  python -m measurements.autotune_cold_start pretune OUT --set sweep --dtype fp32   # D 16-256, trainer, TSP
+  python -m measurements.autotune_cold_start ship OUT1 [OUT2 …]   # (no GPU) → flashlab/tuned/nvidia-h200.json
+  python -m measurements.autotune_cold_start coldstart OUT        # first fwd+bwd: off / tuning / shipped
 
 `coldstart` runs each case in a fresh process with an empty autotune cache and an empty Triton
 cache (so compilation is counted every time); "shipped" uses flashlab/tuned/ as it is in the
@@ -141,7 +141,7 @@ def phase_ship(outs: list[Path]) -> None:
         raise SystemExit("ship: no decisions_*.json in the folders given")
     target = autotune_cache.shipped_path(gpu)
     old = json.loads(target.read_text())["decisions"] if target.exists() else {}
-    new = ship(entries, gpu, env, source="results/autotune_cold_start.py pretune (bench and sweep sets)")
+    new = ship(entries, gpu, env, source="measurements/autotune_cold_start.py pretune (bench and sweep sets)")
     new["decisions"] = dict(sorted({**old, **new["decisions"]}.items()))
     target.write_text(json.dumps(new, indent=1) + "\n")
     print(f"{target}: {len(new['decisions'])} decisions ({len(new['decisions']) - len(old)} new)")

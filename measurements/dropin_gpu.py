@@ -11,7 +11,7 @@
 5. the property-based test with FLASHLAB_PROPERTY_EXAMPLES (default 1500 here) examples,
    autotuning off.
 
-    PYTHONPATH=. python results/dropin_gpu.py results/h200/dropin [part ...]
+    python -m measurements.dropin_gpu results/h200/dropin [part ...]
 
 Parts (all by default, in this order): dropin_contract_on_cuda fp32_exact_vs_tf32
 compile_export_opcheck compiled_trainer_model property_test. Each part adds its entry to

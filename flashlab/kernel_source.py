@@ -1,0 +1,94 @@
+"""Reading kernels in the notebooks: a Triton kernel with the jit helpers it calls, and the
+lines of them that implement one feature.
+
+Notebooks 05 and 06 show the minimal kernels whole, then each production feature as the
+lines it adds. Those lines are found in the package's own source at run time (by what
+they contain, not by line numbers), so the notebooks show the code that runs, whatever
+it has been refactored into; a feature whose lines cannot be found fails loudly.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+from types import ModuleType
+
+
+def _jit_sources(module: ModuleType) -> dict[str, str]:
+    """Source of every function of ``module`` (``@triton.jit`` ones through ``.fn``)."""
+    sources = {}
+    for name, obj in vars(module).items():
+        fn = getattr(obj, "fn", obj)
+        if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+            sources[name] = textwrap.dedent(inspect.getsource(fn))
+    return sources
+
+
+def kernel_parts(module: ModuleType, kernel: str) -> dict[str, str]:
+    """``kernel`` of ``module`` and every function of the module it calls, directly or not,
+    in the order they are first called: ``{name: source}``."""
+    sources = _jit_sources(module)
+    if kernel not in sources:
+        raise ValueError(f"kernel: {module.__name__} has no function {kernel!r}. "
+                         f"Pick one of {sorted(sources)}.")
+    parts, todo = {}, [kernel]
+    while todo:
+        name = todo.pop(0)
+        if name in parts:
+            continue
+        parts[name] = sources[name]
+        calls = [node.func.id for node in ast.walk(ast.parse(sources[name]))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+        todo += [c for c in calls if c in sources and c not in parts]
+    return parts
+
+
+def part_containing(parts: dict[str, str], text: str) -> str:
+    """The name of the one part whose source contains ``text`` (e.g. the loop over key blocks)."""
+    names = [name for name, source in parts.items() if text in source]
+    if len(names) != 1:
+        raise ValueError(f"text: {text!r} occurs in {names or 'none'} of {list(parts)}. "
+                         "Pass a piece of code that occurs in exactly one of them.")
+    return names[0]
+
+
+# a continuation line that only passes names along (``False, IS_CAUSAL, HAS_MASK,``): plumbing
+_ARGUMENTS_ONLY = re.compile(r"[\w\s,.*+]*\)?,?")
+
+
+def _body_start(source: str) -> int:
+    """Index of the first line of a function's body after its signature and docstring."""
+    body = ast.parse(source).body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
+        body = body[1:]
+    return body[0].lineno - 1
+
+
+def feature_lines(parts: dict[str, str], *needles: str, context: int = 0) -> str:
+    """The lines of ``parts`` that contain any of ``needles`` (plus ``context`` lines around
+    each), grouped under the name of the function they are in, ``…`` marking a gap."""
+    shown, missing = [], set(needles)
+    for name, source in parts.items():
+        lines = source.splitlines()
+        body = _body_start(source)
+        hits = set()
+        for i, line in enumerate(lines[body:], start=body):
+            code = line.split("#")[0]
+            found = [n for n in needles if n in code]
+            if found and not _ARGUMENTS_ONLY.fullmatch(code.strip()):
+                missing -= set(found)
+                hits |= set(range(max(0, i - context), min(len(lines), i + context + 1)))
+        if hits:
+            shown.append(f"# in {name}:")
+            previous = None
+            for i in sorted(hits):
+                if previous is not None and i != previous + 1:
+                    shown.append("    …")
+                shown.append(lines[i])
+                previous = i
+    if missing:
+        raise ValueError(f"needles: {sorted(missing)} found in no code line of {list(parts)}. "
+                         "The kernels changed: update the notebook's needles.")
+    return "\n".join(shown)
