@@ -13,9 +13,9 @@ from torch import nn
 
 from . import ops, runtime
 from .checks import check_attention_inputs, default_scale
-from .flash_launch import input_precision
 from .naive import naive_attention_unchecked
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
+from .runtime import input_precision
 from .tiled import tiled_attention_unchecked
 
 # Above this many (query block × key block) tiles a CPU call takes the PyTorch path instead of

@@ -93,16 +93,6 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
     launch(autotune.tuner.choose(key, configs, launch))
 
 
-def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool = False) -> str:
-    """How the kernels multiply: "ieee" (exact) unless the inputs are float32 on a GPU and torch itself
-    allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
-    ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
-    forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway."""
-    if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
-        return "ieee"
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-
-
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
     """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs)."""
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)

@@ -153,6 +153,16 @@ def _helpers_interpreted():
             JITFunction.__call__ = original
 
 
+def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool = False) -> str:
+    """How the kernels multiply: "ieee" (exact) unless the inputs are float32 on a GPU and torch itself
+    allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
+    ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
+    forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway."""
+    if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
+        return "ieee"
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def describe() -> dict[str, str]:
     """What runs where on this machine, for the setup notebook and bug reports."""
     import platform

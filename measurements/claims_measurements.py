@@ -13,7 +13,6 @@ claim 7  "PyTorch uses its fused flash kernel only when head_dim ≤ 128, in fp1
     python -m measurements.claims_measurements OUT.json
 """
 
-import dataclasses
 import json
 import sys
 
@@ -27,7 +26,7 @@ from flashlab.benchmarks.train_step import measure_step
 from flashlab.model import CausalTransformer
 from flashlab.recorded import environment
 from flashlab.timing import extra_memory, time_ms
-from flashlab.train import TrainConfig
+from flashlab.train import split_flat_config
 
 
 def claim2():
@@ -44,10 +43,10 @@ def claim2():
 
         rows.append({"what": "attention alone", "attention": name, "fwd_ms": time_ms(fwd),
                      "fwd+bwd_extra_bytes": extra_memory(fwd_bwd, "cuda")})
-    config = TrainConfig(seq_len=2048, num_pairs=256, vocab_size=50257, d_model=768, n_layers=12, n_heads=12,
+    config = dict(seq_len=2048, num_pairs=256, vocab_size=50257, d_model=768, n_layers=12, n_heads=12,
                          batch_size=2, precision="16-mixed", device="cuda", progress=False, steps=10)
     for name in ("naive", "flashlab"):
-        step = measure_step(dataclasses.replace(config, attention=name), steps=3, warmup=2)
+        step = measure_step(*split_flat_config(dict(config, attention=name)), steps=3, warmup=2)
         model = CausalTransformer(50257, 2048, 768, 12, 12, name).cuda().eval()
         tokens = torch.randint(0, 50257, (2, 2048), device="cuda")
 

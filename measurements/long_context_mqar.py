@@ -27,9 +27,10 @@ import time
 
 import torch
 
+from flashlab import checkpoint
 from flashlab.recorded import environment
 from flashlab.tasks import AssociativeRecall
-from flashlab.train import TrainConfig, train_in_phases
+from flashlab.train import split_flat_config, train_in_phases
 
 from .train_measurements import attempt
 
@@ -38,7 +39,7 @@ from .train_measurements import attempt
 # minute with this model (2 layers, width 128, 4 heads of 32) at N = 128 and 512 sequences
 # per step; but with every query slot asking, the previous mention of a key is a few dozen
 # tokens back at any length, which tests recall, not reach. Hence sparse queries here.
-MODEL = TrainConfig(seq_len=128, num_pairs=8, vocab_size=64, d_model=128, n_layers=2, n_heads=4,
+MODEL = dict(seq_len=128, num_pairs=8, vocab_size=64, d_model=128, n_layers=2, n_heads=4,
                     positions="rotary", rotary_fraction=0.25, attention="flashlab", precision="bf16-mixed",
                     batch_size=512, lr=1e-3, warmup_steps=200, min_lr_ratio=1.0, steps=10**7, log_every=100,
                     progress=False, device="cuda")
@@ -49,7 +50,7 @@ EDGES = (1, 64, 512, 4096, 16384, 65536, 2**31)
 
 
 def recall(trainer, n, query_rate=TEST_RATE, sequences=TEST_SEQUENCES):
-    task = AssociativeRecall(n, trainer.config.num_pairs, trainer.config.vocab_size, query_rate)
+    task = AssociativeRecall(n, trainer.task_config.num_pairs, trainer.task_config.vocab_size, query_rate)
     rows = trainer.evaluate_by_lookback(EDGES, batches=sequences, task=task, rows=1)
     answers = sum(r["answers"] for r in rows)
     overall = sum(r["accuracy"] * r["answers"] for r in rows if r["answers"]) / max(answers, 1)
@@ -59,20 +60,20 @@ def recall(trainer, n, query_rate=TEST_RATE, sequences=TEST_SEQUENCES):
 
 def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
     start = time.time()
-    record = {"environment": environment(), "model": dataclasses.asdict(model), "medium": MEDIUM, "long": LONG,
+    record = {"environment": environment(), "model": model, "medium": MEDIUM, "long": LONG,
               "test": {"query_rate": TEST_RATE, "sequences": TEST_SEQUENCES}, "one_step": []}
     path = f"{out}/long_context_mqar.json"
     save = lambda: json.dump(record, open(path, "w"), indent=1)   # noqa: E731
     # flashlab's kernels at this model's head dimension (32) against naive attention: three
     # steps from the same weights on the same data must give the same losses (bf16 rounding)
-    record["agreement_at_4096"] = {name: attempt(dataclasses.replace(model, attention=name, seq_len=4096,
+    record["agreement_at_4096"] = {name: attempt(dict(model, attention=name, seq_len=4096,
                                                                      batch_size=4), steps=2, warmup=1)
                                    for name in ("naive", "flashlab")}
     print(record["agreement_at_4096"], flush=True)
     for n in long_lengths:
         step = {"seq_len": n}
         for name in ("naive", "flashlab"):
-            step[name] = attempt(dataclasses.replace(model, attention=name, seq_len=n, batch_size=1,
+            step[name] = attempt(dict(model, attention=name, seq_len=n, batch_size=1,
                                                      query_rate=LONG["query_rate"]), steps=2, warmup=1)
         record["one_step"].append(step)
         print(step, flush=True)
@@ -87,9 +88,9 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
     steps_before = 0
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()          # from here on: training only
-    for name, trainer in train_in_phases(model, phases, out):
-        phase = {"name": name, "seq_len": trainer.config.seq_len, "query_rate": trainer.config.query_rate,
-                 "batch_size": trainer.config.batch_size, "steps": trainer.step - steps_before,
+    for name, trainer in train_in_phases(*split_flat_config(model), phases, out):
+        phase = {"name": name, "seq_len": trainer.task_config.seq_len, "query_rate": trainer.task_config.query_rate,
+                 "batch_size": trainer.run.batch_size, "steps": trainer.step - steps_before,
                  "train_minutes": trainer.train_seconds / 60,
                  "peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
                  "accuracy_as_trained": trainer.evaluate(batches=4),
@@ -98,7 +99,9 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
                  "recall_at_twice_long": recall(trainer, 2 * long_len, sequences=8)}
         if name == "long":
             weights = {k: v.cpu() for k, v in trainer.model.state_dict().items()}
-            torch.save({"model": weights, "config": dataclasses.asdict(trainer.config)}, f"{out}/mqar_long_model.pt")
+            checkpoint.save(f"{out}/mqar_long_model.pt", "lm-model",
+                            {"task": dataclasses.asdict(trainer.task_config), "run": dataclasses.asdict(trainer.run)},
+                            {"model": weights})
         record["phases"].append(phase)
         steps_before = trainer.step
         if torch.cuda.is_available():
@@ -111,4 +114,4 @@ def main(out, minutes, model=MODEL, long_lengths=(65536, 131072)):
 
 if __name__ == "__main__":
     seed = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    main(sys.argv[1], [float(m) for m in sys.argv[2:5]], model=dataclasses.replace(MODEL, seed=seed))
+    main(sys.argv[1], [float(m) for m in sys.argv[2:5]], model=dict(MODEL, seed=seed))

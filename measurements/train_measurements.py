@@ -6,7 +6,6 @@ Run on a GPU from the repository root:
     python -m measurements.train_measurements OUT.json [deadline_seconds]
 """
 
-import dataclasses
 import json
 import sys
 import time
@@ -15,9 +14,9 @@ import torch
 
 from flashlab.benchmarks.train_step import measure_step
 from flashlab.recorded import environment
-from flashlab.train import TrainConfig
+from flashlab.train import split_flat_config
 
-MODEL = TrainConfig(seq_len=4096, num_pairs=512, vocab_size=8192, d_model=512, n_layers=4, n_heads=8, batch_size=8,
+MODEL = dict(seq_len=4096, num_pairs=512, vocab_size=8192, d_model=512, n_layers=4, n_heads=8, batch_size=8,
                     steps=10, warmup_steps=2, progress=False, device="cuda")
 CONFIGS = [("32-true", "naive"), ("32-true", "flashlab"), ("bf16-mixed", "sdpa"), ("bf16-mixed", "flashlab"),
            ("16-mixed", "flashlab")]
@@ -26,7 +25,7 @@ LENGTHS = [4096, 8192, 16384, 32768, 65536, 131072]
 
 def attempt(config, steps, warmup):
     try:
-        return measure_step(config, steps=steps, warmup=warmup)
+        return measure_step(*split_flat_config(config), steps=steps, warmup=warmup)
     except torch.OutOfMemoryError as error:
         return {"error": "out of memory", "detail": str(error).splitlines()[0][:200]}
     finally:
@@ -35,9 +34,9 @@ def attempt(config, steps, warmup):
 
 def main(path, deadline):
     start = time.time()
-    record = {"environment": environment(), "model": dataclasses.asdict(MODEL), "at_4096": [], "largest": []}
+    record = {"environment": environment(), "model": MODEL, "at_4096": [], "largest": []}
     for precision, attention in CONFIGS:
-        config = dataclasses.replace(MODEL, precision=precision, attention=attention)
+        config = dict(MODEL, precision=precision, attention=attention)
         result = attempt(config, steps=5, warmup=2)
         record["at_4096"].append({"precision": precision, "attention": attention, **result})
         print(precision, attention, result, flush=True)
@@ -49,7 +48,7 @@ def main(path, deadline):
                 record["largest"].append({"precision": precision, "attention": attention, "stopped": "deadline",
                                           "largest_seq_len": best})
                 break
-            config = dataclasses.replace(MODEL, precision=precision, attention=attention, seq_len=n, batch_size=1)
+            config = dict(MODEL, precision=precision, attention=attention, seq_len=n, batch_size=1)
             result = attempt(config, steps=1, warmup=1)
             print(precision, attention, n, result, flush=True)
             if "error" in result:
