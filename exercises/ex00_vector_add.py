@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 
 @triton.jit

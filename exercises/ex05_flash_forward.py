@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 BLOCK = 32  # BLOCK_M = BLOCK_N; small, so the interpreter stays fast
 

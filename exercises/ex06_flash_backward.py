@@ -20,7 +20,7 @@ import torch  # noqa: F401  (you will need it in flash_backward)
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 BLOCK = 32
 

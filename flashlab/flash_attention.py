@@ -145,10 +145,11 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, input_precision(q.dtype, q.device, exact_fp32))
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, attn_mask))
-    # inference on real tensors (the TSP baseline's rollouts): skip the dispatcher, about 20 µs
-    # a call. Anything traced (compile, export: fake or functional tensors) goes through the op.
-    if not wants_grad and type(q) is torch.Tensor and not torch.compiler.is_compiling():
-        out = ops.forward_kernels(*args)[0]
+    # Eager calls on real tensors skip the dispatcher (a few hundred µs of Python per forward+
+    # backward, as long as the kernels at small N); anything traced (compile, export: fake or
+    # functional tensors) goes through the custom op.
+    if type(q) is torch.Tensor and not torch.compiler.is_compiling():
+        out = (ops.EagerFlashAttention.apply(*args) if wants_grad else ops.forward_kernels(*args))[0]
     else:
         out = ops.flash_attention_forward(*args)[0]
     if value_dim < width:

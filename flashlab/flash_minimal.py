@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import kernel_for
+
 LOG2E = 1.4426950408889634  # log2(e): e^x = 2^(x·log2 e)
 
 
@@ -148,7 +150,7 @@ def minimal_flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sca
     q, k, v = (t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
     lse = torch.empty(B, H, n, dtype=torch.float32, device=q.device)
-    minimal_forward_kernel[(n // block_m, B * H)](q, k, v, out, lse, n, scale * LOG2E,
+    kernel_for(minimal_forward_kernel, q.device)[(n // block_m, B * H)](q, k, v, out, lse, n, scale * LOG2E,
                                                   BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim)
     return out, lse
 
@@ -173,7 +175,8 @@ def minimal_flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     delta = (grad_out.float() * out.float()).sum(-1).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     kwargs = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim)
-    minimal_dkdv_kernel[(n // block_n, B * H)](q, k, v, grad_out, lse, delta, dk, dv, n, scale * LOG2E, scale,
-                                               **kwargs)
-    minimal_dq_kernel[(n // block_m, B * H)](q, k, v, grad_out, lse, delta, dq, n, scale * LOG2E, scale, **kwargs)
+    kernel_for(minimal_dkdv_kernel, q.device)[(n // block_n, B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, n, scale * LOG2E, scale, **kwargs)
+    kernel_for(minimal_dq_kernel, q.device)[(n // block_m, B * H)](
+        q, k, v, grad_out, lse, delta, dq, n, scale * LOG2E, scale, **kwargs)
     return dq, dk, dv

@@ -69,11 +69,10 @@ def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
     return q.new_empty(B, H, n_q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
 
 
-@torch.library.custom_op("flashlab::flash_attention_backward", mutates_args=())
-def flash_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
-                             scale: float, input_precision: str,
-                             mask_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                     attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
+                     scale: float, input_precision: str, mask_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward op's implementation, also called directly by `EagerFlashAttention`."""
     from .flash_launch import flash_backward
     seed_value = int(seed) if seed is not None else 0
     qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q.device, q, k, v, out, grad_out, attn_mask)
@@ -82,6 +81,10 @@ def flash_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
     dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale)
              .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+
+
+flash_attention_backward = torch.library.custom_op("flashlab::flash_attention_backward", mutates_args=())(
+    backward_kernels)
 
 
 @flash_attention_backward.register_fake
@@ -128,9 +131,28 @@ class FlashAttentionFunction:
         q, k, v, out, lse, attn_mask, seed = ctx.saved_tensors
         dropout_p, is_causal, scale, input_precision = ctx.options
         mask_grad = bool(attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3])
-        dq, dk, dv, dmask = torch.ops.flashlab.flash_attention_backward(
-            grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad)
+        args = (grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad)
+        # traced (compile's backward graph: fake or functional tensors): the op; eager: its body
+        backward = backward_kernels if type(grad_out) is torch.Tensor and type(q) is torch.Tensor \
+            else torch.ops.flashlab.flash_attention_backward
+        dq, dk, dv, dmask = backward(*args)
         return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None
+
+
+class EagerFlashAttention(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls on real tensors: a plain
+    autograd.Function skips the dispatcher and the custom op's autograd wrapper, a few hundred
+    µs of Python per forward+backward, which is as long as the kernels at routing-sized N.
+    `flashlab.attention` takes it unless the call is traced (compile, export)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
+        out, lse = forward_kernels(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision)
+        FlashAttentionFunction.setup_context(ctx, (q, k, v, attn_mask, dropout_p, seed, is_causal, scale,
+                                                   input_precision), (out, lse))
+        return out, lse
+
+    backward = staticmethod(FlashAttentionFunction.backward)
 
 
 flash_attention_forward.register_autograd(FlashAttentionFunction.backward,

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import checkpoint, runtime
+from . import checkpoint
 from .config import ConfigError, apply_changes, check_fields, option, resume_mismatches
 from .mixed_precision import PRECISIONS, get_precision
 from .model import CausalTransformer
@@ -196,10 +196,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.precision = get_precision(run.precision)
-        if (task.attention == "flashlab" and self.device.type == "cpu" and runtime.triton_interpreted()
-                and self.precision.compute_dtype == torch.bfloat16):
-            raise ConfigError("attention", "flashlab's kernels run in Triton's interpreter on a CPU, which computes "
-                                           "bf16 wrongly. Use attention sdpa, or a 32-true / 16-mixed precision.")
         if run.batch_size % (run.grad_accum * self.world):
             raise ConfigError("batch_size", f"{run.batch_size} is not divisible by grad_accum × world size = "
                                             f"{run.grad_accum} × {self.world}.")

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import kernel_for
+
 
 @triton.jit
 def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -39,5 +41,5 @@ def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Ten
         raise ValueError(f"block: {block} is not a power of two (tl.arange needs one); use e.g. 128 or 1024.")
     out = torch.empty_like(x)
     n = x.numel()
-    add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)
+    kernel_for(add_kernel, x.device)[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)
     return out

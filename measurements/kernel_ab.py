@@ -52,7 +52,9 @@ def worker(tree: str, out_path: str) -> None:
         jit.run = run
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes, tokens, dtype = ((GPU_SHAPES, GPU_TOKENS, torch.bfloat16) if device == "cuda"
+    seq_lens = [int(n) for n in os.environ.get("KERNEL_AB_SEQ_LENS", "").split(",") if n]   # --seq-lens
+    gpu_shapes = [shape for shape in GPU_SHAPES if not seq_lens or shape[0] in seq_lens]
+    shapes, tokens, dtype = ((gpu_shapes, GPU_TOKENS, torch.bfloat16) if device == "cuda"
                              else ([(40, 16, True)], 40, torch.float32))
 
     def median_ms(fn):
@@ -106,6 +108,7 @@ def main(argv=None) -> int:
     parser.add_argument("old_tree")
     parser.add_argument("new_tree", nargs="?", default=str(Path(__file__).resolve().parents[1]))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="only these N (default 1024 4096 16384)")
     parser.add_argument("--worker", nargs=2, metavar=("TREE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
         for label, tree in (("old", args.old_tree), ("new", args.new_tree)):
             part = out_dir / f"{label}_{r}.json"
             env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), FLASHLAB_AUTOTUNE="0",
-                       FLASHLAB_AUTOTUNE_CACHE="")
+                       FLASHLAB_AUTOTUNE_CACHE="", KERNEL_AB_SEQ_LENS=",".join(map(str, args.seq_lens or [])))
             subprocess.run([sys.executable, __file__, str(out_dir), args.old_tree, "--worker",
                             str(Path(tree).resolve()), str(part)], env=env, check=True, cwd=str(out_dir))
             runs[label].append(json.loads(part.read_text()))

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 
 @triton.jit
@@ -23,5 +23,5 @@ def vector_add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Ten
         raise ValueError(f"y: shape {tuple(y.shape)} differs from x's {tuple(x.shape)}; pass equal lengths.")
     out = torch.empty_like(x)
     n = x.numel()
-    add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)   # ceil(n / block) programs
+    kernel_for(add_kernel, x.device)[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)   # ceil(n / block) programs
     return out

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 
 @triton.jit
@@ -25,6 +25,6 @@ def softmax_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK: tl.c
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Launch `softmax_kernel` with one program per row."""
     out = torch.empty_like(x)
-    softmax_kernel[(x.shape[0],)](x, out, x.shape[1], x.stride(0), out.stride(0),
+    kernel_for(softmax_kernel, x.device)[(x.shape[0],)](x, out, x.shape[1], x.stride(0), out.stride(0),
                                   BLOCK=triton.next_power_of_2(x.shape[1]))
     return out

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 BLOCK = 32
 
@@ -50,5 +50,6 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     out = torch.empty_like(q)
     lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    flash_forward_kernel[(N // BLOCK, B * H)](q, k, v, out, lse, N, scale, HEAD_DIM=D, BLOCK_M=BLOCK, BLOCK_N=BLOCK)
+    kernel_for(flash_forward_kernel, q.device)[(N // BLOCK, B * H)](
+        q, k, v, out, lse, N, scale, HEAD_DIM=D, BLOCK_M=BLOCK, BLOCK_N=BLOCK)
     return out, lse

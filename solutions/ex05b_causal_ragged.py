@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 BLOCK = 32
 
@@ -62,6 +62,6 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     out = torch.empty_like(q)
     lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    flash_forward_kernel[(triton.cdiv(n_q, BLOCK), B * H)](q, k, v, out, lse, n_q, n_k, scale, HEAD_DIM=D,
-                                                            IS_CAUSAL=is_causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK)
+    kernel_for(flash_forward_kernel, q.device)[(triton.cdiv(n_q, BLOCK), B * H)](
+        q, k, v, out, lse, n_q, n_k, scale, HEAD_DIM=D, IS_CAUSAL=is_causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK)
     return out, lse

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-import flashlab  # noqa: F401  (on a CPU-only machine this turns on Triton's interpreter first)
+from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 BLOCK = 32
 
@@ -99,6 +99,8 @@ def flash_backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: 
     lse = lse.float().contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     meta = dict(HEAD_DIM=D, IS_CAUSAL=is_causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK)
-    dkdv_kernel[(triton.cdiv(n_k, BLOCK), B * H)](q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, scale, **meta)
-    dq_kernel[(triton.cdiv(n_q, BLOCK), B * H)](q, k, v, grad_out, lse, delta, dq, n_q, n_k, scale, **meta)
+    kernel_for(dkdv_kernel, q.device)[(triton.cdiv(n_k, BLOCK), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, scale, **meta)
+    kernel_for(dq_kernel, q.device)[(triton.cdiv(n_q, BLOCK), B * H)](
+        q, k, v, grad_out, lse, delta, dq, n_q, n_k, scale, **meta)
     return dq, dk, dv

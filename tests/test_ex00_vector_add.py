@@ -1,5 +1,5 @@
 """Tests for exercise 00 (vector addition in Triton). On a CPU they run in Triton's
-interpreter (flashlab sets TRITON_INTERPRET=1 when no GPU is visible)."""
+interpreter (flashlab.runtime.kernel_for runs CPU launches interpreted)."""
 
 import pytest
 import torch

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from flashlab.flash_triton import FULL, MASKED, SKIPPED, _key_range, _query_range, causal_tile_plan
+from flashlab.runtime import kernel_for
 
 SIZES = [(256, 256, 64, 32), (128, 512, 128, 64), (100, 70, 32, 32), (1, 1, 32, 32), (300, 200, 64, 64),
          (70, 100, 16, 32), (97, 97, 32, 16)]
@@ -39,7 +40,8 @@ def _query_range_probe(OUT, n_q, n_k, IS_CAUSAL: tl.constexpr, FAST_PATH: tl.con
 def kernel_key_ranges(n_q, n_k, block_m, block_n, is_causal=True):
     """(clean_hi, hi) of every query block, as `_key_range` computes them inside a kernel."""
     out = torch.full((triton.cdiv(n_q, block_m), 2), -1, dtype=torch.int32)
-    _key_range_probe[(out.shape[0],)](out, n_k, IS_CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n)
+    kernel_for(_key_range_probe, out.device)[(out.shape[0],)](out, n_k, IS_CAUSAL=is_causal, BLOCK_M=block_m,
+                                                              BLOCK_N=block_n)
     return out.tolist()
 
 
@@ -71,7 +73,7 @@ def test_dkdv_query_ranges_cover_every_needed_tile_and_skip_masks_only_where_saf
     unchecked block is whole, inside Nq, of a whole key block, and (causal) every query in it
     sees every key."""
     out = torch.full((triton.cdiv(n_k, block_n), 3), -1, dtype=torch.int32)
-    _query_range_probe[(out.shape[0],)](out, n_q, n_k, IS_CAUSAL=is_causal, FAST_PATH=fast_path,
+    kernel_for(_query_range_probe, out.device)[(out.shape[0],)](out, n_q, n_k, IS_CAUSAL=is_causal, FAST_PATH=fast_path,
                                         BLOCK_M=block_m, BLOCK_N=block_n)
     for block, (lo, clean_lo, clean_hi) in enumerate(out.tolist()):
         keys = range(block * block_n, min((block + 1) * block_n, n_k))
