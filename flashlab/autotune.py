@@ -326,11 +326,13 @@ class Autotuner:
         self._disk: dict[str, str] | None = None      # read on first need
         self._announced = False
 
-    def choose(self, key: tuple, configs: list[Config], launch) -> Config:
+    def choose(self, key: tuple, configs: list[Config], launch, tune: bool = True) -> Config:
+        """The configuration for ``key``. ``tune=False`` takes the first candidate that compiles,
+        as with tuning off (for kernels whose every compilation is slow, e.g. exact fp32)."""
         kernel = key[0]
         if kernel in _forced:
             return _forced[kernel]
-        if not enabled():
+        if not enabled() or not tune:
             if key not in self.untuned:
                 self.untuned[key] = _first_that_compiles(_sized(key, configs), launch)
             return self.untuned[key]

@@ -85,12 +85,16 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     return keep.bool()
 
 
-def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch):
+def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_precision="tf32"):
     """Runs ``launch(config)`` with the configuration the autotuner picks for this shape
-    (on the first call of a shape it tries every candidate, then remembers the fastest)."""
+    (on the first call of a shape it tries every candidate, then remembers the fastest).
+    Exact fp32 products ("ieee") are not tuned: tl.dot then runs without tensor cores and each
+    candidate takes about 100 s to compile on an H200 (D = 96, measured), so the first
+    candidate that compiles is taken."""
     configs = autotune.candidates(kernel, q.shape[-1], _capability(q.device))
     key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout)
-    launch(autotune.tuner.choose(key, configs, launch))
+    tune = not (q.dtype == torch.float32 and input_precision == "ieee")
+    launch(autotune.tuner.choose(key, configs, launch, tune=tune))
 
 
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
@@ -111,7 +115,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
             INPUT_PRECISION=input_precision, **_head_dim_args(head_dim), **config.kwargs())
         return out, lse
 
-    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch)
+    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch, input_precision)
     return out, lse
 
 
@@ -149,6 +153,6 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         return (dq,)
 
     dropout = dropout_p > 0
-    _tuned_launch("dkdv", q, k, is_causal, has_mask, dropout, launch_dkdv)
-    _tuned_launch("dq", q, k, is_causal, has_mask, dropout, launch_dq)
+    _tuned_launch("dkdv", q, k, is_causal, has_mask, dropout, launch_dkdv, input_precision)
+    _tuned_launch("dq", q, k, is_causal, has_mask, dropout, launch_dq, input_precision)
     return dq, dk, dv
