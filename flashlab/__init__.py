@@ -20,7 +20,7 @@ The package the FlashLab course builds. Public API so far:
 
 # Nothing here imports Triton or sets anything process-wide: kernels are compiled or
 # interpreted per call (flashlab.runtime), and Triton is imported when a kernel is first needed.
-from . import runtime
+from . import autotune, runtime
 from .checks import check_attention_inputs
 from .flash_attention import MultiHeadAttention, attention
 from .memory import (
@@ -43,6 +43,11 @@ from .reference import (
 )
 from .tiled import tiled_attention
 
+if runtime.triton_available():
+    # eager, not through __getattr__: once the submodule flashlab.fused_softmax is imported
+    # (the benchmarks import it), the package attribute of that name would be the module
+    from .fused_softmax import fused_softmax
+
 __version__ = "0.1.0"
 
 
@@ -50,8 +55,6 @@ def __getattr__(name):
     # Triton-backed names load on first use, so `import flashlab` works without Triton.
     if name == "fused_softmax":
         runtime.require_triton("flashlab.fused_softmax")
-        from .fused_softmax import fused_softmax
-        return fused_softmax
     if name == "decode_attention":
         runtime.require_triton("flashlab.decode_attention")
         from .decode import decode_attention
@@ -67,6 +70,7 @@ __all__ = [
     "SoftmaxState",
     "MultiHeadAttention",
     "attention",
+    "autotune",
     "MemoryMeasurement",
     "NaiveAttentionMemory",
     "assert_close",

@@ -154,7 +154,8 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         out = ops.flash_attention_forward(*args)[0]
     if value_dim < width:
         out = out[..., :value_dim]
-    return out.reshape(*q.shape[:-1], value_dim)
+    shape = (*q.shape[:-1], value_dim)
+    return out if out.shape == shape else out.reshape(shape)   # a view only where needed: grad_fn stays the op's
 
 
 class MultiHeadAttention(nn.Module):
