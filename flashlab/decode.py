@@ -17,13 +17,12 @@ import torch
 
 from .checks import default_scale
 from .decode_triton import decode_merge_kernel, decode_split_kernel
-from .flash_launch import MAX_HEAD_DIM, _cdiv, _head_dim_args
+from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, _cdiv, _head_dim_args
 from .flash_triton import LOG2E
 from .memory import dtype_bytes
 from .runtime import kernel_for
 from .traffic import Step
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
 MIN_TILES_PER_SPLIT = 2   # a split must stream a few key tiles to pay for its Q load and merge term
 

@@ -58,12 +58,6 @@ def interpreting_everything() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def triton_interpreted() -> bool:
-    """Kept for older callers: CPU tensors always run flashlab's kernels in the interpreter
-    now, so this only says whether the interpreter is *forced* for every kernel."""
-    return interpreting_everything()
-
-
 _launch_lock = threading.RLock()
 
 

@@ -15,12 +15,10 @@ import torch
 from . import autotune
 from .checks import default_scale
 from .decode import launch
-from .flash_launch import MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
+from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
 from .flash_triton import LOG2E, flash_backward_preprocess_kernel
 from .runtime import input_precision
 from .varlen_triton import varlen_backward_dkdv_kernel, varlen_backward_dq_kernel, varlen_forward_kernel
-
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
