@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashlab.bench import time_ms
-from flashlab.results import environment
+from flashlab.timing import time_ms
+from flashlab.recorded import environment
 
 from flashlab import rel_error
 from flashlab.decode import choose_num_splits, decode_attention, reference_decode_attention, sm_count
