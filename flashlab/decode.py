@@ -101,7 +101,10 @@ def _fail(argument: str, problem: str, fix: str) -> None:
     raise ValueError(f"{argument}: {problem}. {fix}")
 
 
-def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale):
+def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents):
+    """Shapes, dtypes and devices always; the *contents* of cache_seqlens and block_table only when
+    ``check_contents``: reading them from the GPU is a host synchronisation on every decoding step
+    (and is forbidden inside a CUDA-graph capture), which FlashAttention does not pay either."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             _fail(name, f"expected a torch.Tensor, got {type(t).__name__}", "Pass a 4-D tensor.")
@@ -156,11 +159,11 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         if block_table.device != q.device:
             _fail("block_table", f"is on {block_table.device} but q is on {q.device}",
                   "Move it with block_table.to(q.device).")
-        if block_table.numel() and (block_table.min() < 0 or block_table.max() >= k_cache.shape[0]):
+        if check_contents and block_table.numel() and (block_table.min() < 0 or block_table.max() >= k_cache.shape[0]):
             _fail("block_table", f"holds block indices outside [0, {k_cache.shape[0]})",
                   "Every entry must index a block of k_cache / v_cache (num_blocks, page_size, heads_k, D).")
         capacity = block_table.shape[1] * k_cache.shape[1]
-    if cache_seqlens.numel() and (cache_seqlens.min() < 0 or cache_seqlens.max() > capacity):
+    if check_contents and cache_seqlens.numel() and (cache_seqlens.min() < 0 or cache_seqlens.max() > capacity):
         _fail("cache_seqlens", f"lengths must lie in [0, {capacity}], got {cache_seqlens.tolist()}",
               "A length cannot exceed what the cache (or its block table's pages) holds.")
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits):
@@ -171,7 +174,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
-                     causal=True, return_lse=False):
+                     causal=True, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
     Args:
@@ -190,23 +193,34 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
             (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
+        check_contents: check that every length fits the cache and every block index exists.
+            Default: on CPU yes; on a GPU no, because reading the values back stops the host until
+            the GPU catches up on every decoding step (and cannot happen inside a CUDA-graph
+            capture), as in FlashAttention. Out-of-range values then read the wrong memory: pass
+            ``check_contents=True`` while developing.
+        launch_options: override the kernel's tile size and launch options (BLOCK_N, num_warps,
+            num_stages), for tuning experiments; default `decode_block_sizes`.
 
     Returns:
         ``(batch, seqlen_q, heads, D)`` in q's dtype (and the log-sum-exp if asked).
     """
-    _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale)
+    if check_contents is None:
+        check_contents = q.device.type == "cpu"
+    _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
     scale = default_scale(head_dim, scale)
     gpu = _on_gpu(q)
-    meta = decode_block_sizes(gpu, head_dim)
+    meta = {**decode_block_sizes(gpu, head_dim), **(launch_options or {})}
     block_m = stacked_rows_block(seqlen_q, group)
     row_blocks = _cdiv(seqlen_q * group, block_m)
-    max_len = int(cache_seqlens.max()) if batch else 0
-    if num_splits is None:
-        num_splits = choose_num_splits(batch * heads_k * row_blocks, max_len, meta["BLOCK_N"], sm_count(q.device))
     paged = block_table is not None
+    # the heuristic sizes splits by the cache's capacity, not max(cache_seqlens): the lengths live on
+    # the GPU, and reading them would stop the host every step (FlashAttention does the same)
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if num_splits is None:
+        num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
     seqlens = cache_seqlens.to(torch.int32)
     table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
     table_strides = block_table.stride() if paged else (0, 0)
@@ -225,7 +239,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
                q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
                *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
                heads_k, seqlen_q, head_dim, group, num_splits, page_size, scale * LOG2E,
-               PAGED=paged, IS_CAUSAL=causal, WRITE_FINAL=num_splits == 1,
+               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=causal,
+               WRITE_FINAL=num_splits == 1,
                BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=precision, **meta)
         if num_splits > 1:
             n_rows = batch * seqlen_q * heads

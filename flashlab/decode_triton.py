@@ -29,14 +29,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
-                PAGED: tl.constexpr):
+def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
+                PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
     """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D).
 
     Contiguous cache (batch, seqlen_cache, heads_k, D): row j of sequence z is at z·sb + j·sn.
     Paged cache (num_blocks, page_size, heads_k, D): row j lives in page j // page_size of the
-    sequence, whose physical block is block_table[z, j // page_size], at offset j % page_size."""
-    if PAGED:
+    sequence, whose physical block is block_table[z, j // page_size], at offset j % page_size.
+    When pages are a whole number of key tiles (PAGE_ALIGNED), the tile lies in one page: one
+    block-table entry per tile instead of one per row, and the rows are consecutive as in a
+    contiguous cache."""
+    if PAGE_ALIGNED:
+        block = tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
+        row = block.to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
+    elif PAGED:
         block = tl.load(BLOCK_TABLE + z * sbtz + (cols // page_size) * sbtp, mask=col_ok, other=0)
         row = block.to(tl.int64) * sb + (cols % page_size) * sn
     else:
@@ -50,7 +56,7 @@ def decode_split_kernel(
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
     soz, som, soh, sod,
     H_KV, n_q, head_dim, GROUP, num_splits, page_size, qk_scale,
-    PAGED: tl.constexpr, IS_CAUSAL: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, WRITE_FINAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: splits fastest, then row blocks, then batch·kv head
@@ -91,10 +97,10 @@ def decode_split_kernel(
         cols = start_n + offs_n
         col_ok = cols < hi
         kv_ok = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(_cache_rows(K, BLOCK_TABLE, z, kv_h, cols, col_ok, offs_d, skb, skn, skh, skd, sbtz, sbtp,
-                                page_size, PAGED), mask=kv_ok, other=0.0)
-        v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, cols, col_ok, offs_d, svb, svn, svh, svd, sbtz, sbtp,
-                                page_size, PAGED), mask=kv_ok, other=0.0)
+        k = tl.load(_cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
+                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
+        v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
+                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale     # S = Q Kᵀ·scale·log2 e
         valid = col_ok[None, :] & row_ok[:, None]
         if IS_CAUSAL:

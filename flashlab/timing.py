@@ -29,6 +29,23 @@ def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 10
     return statistics.median(times)
 
 
+def time_graph_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of ``fn()`` captured once in a CUDA graph and replayed (milliseconds): the
+    GPU's time alone, without the Python and launch cost that `time_ms` also counts when a call
+    is shorter than its own overhead. ``fn`` must not synchronise with the host; it runs a few
+    times on a side stream first (compilation, autotuning, allocator warm-up), as capture needs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, "cuda", warmup_ms, rep_ms)
+
+
 def extra_memory(fn, device) -> int | None:
     """Peak bytes allocated while ``fn`` runs, above what was allocated before (CUDA)."""
     if device != "cuda":

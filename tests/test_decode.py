@@ -54,7 +54,7 @@ def test_contiguous_ragged_lengths(num_splits, heads, heads_k):
 
 
 @pytest.mark.parametrize("num_splits", [1, 5])
-@pytest.mark.parametrize("page_size", [16, 8])
+@pytest.mark.parametrize("page_size", [16, 8, 64])   # 64: whole key tiles per page (CPU 32, GPU 64)
 def test_paged_shuffled_pages(num_splits, page_size):
     lengths = [45, 1, 0, 64]
     k, v, table = _paged(lengths, page_size, heads_k=2, head_dim=16)
@@ -164,7 +164,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="cache_seqlens"):
         decode_attention(q, k, v, [3, 4])
     with pytest.raises(ValueError, match="cache_seqlens"):
-        decode_attention(q, k, v, _lengths([3, 33]))                # longer than the cache
+        decode_attention(q, k, v, _lengths([3, 33]), check_contents=True)   # longer than the cache
     with pytest.raises(ValueError, match="k_cache"):
         decode_attention(q, k[:, :, :1].expand(2, 32, 3, 16), v, ok)  # 3 kv heads do not divide 4
     with pytest.raises(ValueError, match="v_cache"):
@@ -176,9 +176,37 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="block_table"):
         decode_attention(q, k, v, ok, block_table=torch.zeros(2, 2, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="block_table"):
-        decode_attention(q, k, v, ok, block_table=torch.full((2, 2), 5, dtype=torch.int32, device=DEVICE))
+        decode_attention(q, k, v, ok, block_table=torch.full((2, 2), 5, dtype=torch.int32, device=DEVICE),
+                         check_contents=True)
     with pytest.raises(ValueError, match="k_cache"):
         decode_attention(q, k.double(), v, ok)
+
+
+def test_contents_checked_by_default_on_cpu_only():
+    """On CPU the lengths are checked without being asked; on a GPU only when asked, since
+    reading them back would stop the host on every decoding step."""
+    q = torch.randn(1, 1, 2, 16)
+    k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, torch.tensor([9], dtype=torch.int32))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_decode_step_captures_in_a_cuda_graph():
+    """A decoding step has no host synchronisation: it captures in a CUDA graph, and replaying
+    the graph after the cache grew gives the new answer."""
+    lengths = _lengths([100, 700])
+    q = torch.randn(2, 1, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(2, 1024, 2, 64, dtype=torch.bfloat16)
+    decode_attention(q, k, v, lengths)                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k, v, lengths)
+    lengths.copy_(_lengths([101, 1024]))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, reference_decode_attention(q, k, v, lengths), tol=2e-2)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's tile configurations per head dimension")
