@@ -70,6 +70,12 @@ class Config:
 
 KERNELS = ("forward", "dkdv", "dq")
 INTERPRETER = Config(32, 32, 4, 1)   # the interpreter's cost grows with programs × tile work: small tiles
+# Exact fp32 products (input_precision "ieee") run tl.dot on the CUDA cores as unrolled FMAs: the
+# larger the tile, the longer the compilation and the more registers spill. Compiled ahead of time
+# for sm_90 on a CPU (Triton 3.9, D = 128): forward 128x64 w8 took 38 s with 8 KB of spill stack
+# per thread; 32x32 w8 took 4 s and spilled 48 B; dK/dV 32x32 w8 16 s and none (D = 256: 26 s and
+# 1.2 KB, against 89 s and 11 KB with 4 warps). So exact fp32 takes this one configuration, untuned.
+EXACT_FP32 = Config(32, 32, 8, 1)
 
 # Hopper (H100/H200, sm_90): 228 KB shared memory per SM, so 3-4 pipeline stages of
 # 128-wide tiles fit. Each list starts with the configuration measured best on an H200 before

@@ -88,12 +88,16 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
 def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_precision="tf32"):
     """Runs ``launch(config)`` with the configuration the autotuner picks for this shape
     (on the first call of a shape it tries every candidate, then remembers the fastest).
-    Exact fp32 products ("ieee") are not tuned: tl.dot then runs without tensor cores and each
-    candidate takes about 100 s to compile on an H200 (D = 96, measured), so the first
-    candidate that compiles is taken."""
-    configs = autotune.candidates(kernel, q.shape[-1], _capability(q.device))
+    Exact fp32 products ("ieee") on a GPU are not tuned: tl.dot then runs without tensor cores,
+    and a tensor-core-sized candidate took about 100 s to compile on an H200 (D = 96, measured);
+    they take `autotune.EXACT_FP32`, small tiles that compile in seconds (see its comment)."""
+    capability = _capability(q.device)
+    exact_fp32 = q.dtype == torch.float32 and input_precision == "ieee"
+    configs = autotune.candidates(kernel, q.shape[-1], capability)
+    if exact_fp32 and capability is not None:
+        configs = [autotune.EXACT_FP32] + configs        # the rest only if it failed to compile
     key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout)
-    tune = not (q.dtype == torch.float32 and input_precision == "ieee")
+    tune = not exact_fp32
     launch(autotune.tuner.choose(key, configs, launch, tune=tune))
 
 
