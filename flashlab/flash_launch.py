@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from . import autotune
+from . import autotune, flash_hopper_launch
 from .flash_triton import (
     LOG2E,
     dropout_mask_kernel,
@@ -102,7 +102,10 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_prec
 
 
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
-    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs)."""
+    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs).
+    On a Hopper GPU the common case goes to `flash_hopper_launch` (same L)."""
+    if q.device.type == "cuda" and flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
+        return flash_hopper_launch.hopper_forward(q, k, v, is_causal, scale)
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     B, H, n_q, head_dim = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
@@ -125,7 +128,10 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
 
 def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
-    Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L."""
+    Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L.
+    On a Hopper GPU the common case goes to `flash_hopper_launch`."""
+    if q.device.type == "cuda" and flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
+        return flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
