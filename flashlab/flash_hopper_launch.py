@@ -6,7 +6,8 @@ CUDA GPU of compute capability 9.x with a Triton that has been checked to compil
 (≥ 3.6), for the case they handle: fp16/bf16, D ∈ {64, 128}, no attn_mask, no dropout, as many
 k/v heads as q heads, a positive scale, and tensors a tensor descriptor can address (16-byte
 aligned base and strides). Everything else, the CPU interpreter and Ampere included, runs the
-course's kernels (`flash_triton.py`). ``FLASHLAB_HOPPER=0`` forces the course's kernels.
+course's kernels (`flash_triton.py`). ``FLASHLAB_HOPPER=0`` forces the course's kernels,
+``FLASHLAB_HOPPER=1`` the Hopper ones where they apply; unset, `ON_BY_DEFAULT` decides.
 
 The log-sum-exp the Hopper forward saves is the course kernel's (base 2, (B, H, Nq) float32),
 so either backward can follow either forward.
@@ -42,9 +43,16 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+# Whether flashlab.attention takes the Hopper kernels when FLASHLAB_HOPPER is unset: only once the
+# ladder (measurements/hopper_ladder.py, results/h200/hopper_ladder/) measured them faster than the
+# course's kernels on an H200 and correct against float64.
+ON_BY_DEFAULT = False
+
+
 def enabled() -> bool:
-    """False when FLASHLAB_HOPPER=0 (read on every call, so a test can set it)."""
-    return os.environ.get("FLASHLAB_HOPPER", "1") != "0"
+    """FLASHLAB_HOPPER=1 turns the Hopper path on, =0 off; unset: ON_BY_DEFAULT (read on every call,
+    so a test can set it)."""
+    return os.environ.get("FLASHLAB_HOPPER", "1" if ON_BY_DEFAULT else "0") != "0"
 
 
 def _addressable(t: torch.Tensor) -> bool:
@@ -58,7 +66,7 @@ def _addressable(t: torch.Tensor) -> bool:
 def why_not_hopper(q, k, v, attn_mask, dropout_p, scale) -> str | None:
     """None if the Hopper kernels take this call, else the reason they do not (for tests and logs)."""
     if not enabled():
-        return "FLASHLAB_HOPPER=0"
+        return "FLASHLAB_HOPPER=0 (or unset while the Hopper path is off by default)"
     if q.device.type != "cuda":
         return f"device {q.device.type}: the Hopper kernels need a CUDA GPU"
     if _capability(q.device)[0] != 9:

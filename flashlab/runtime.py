@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import os
 import threading
 
@@ -111,6 +112,7 @@ def _interpreted(jit_function, refresh: bool = False):
         import types
 
         from triton.runtime.interpreter import InterpretedFunction
+        _repair_scalar_index()
         fn = jit_function.fn
         shadow = _shadow_globals.setdefault(id(fn.__globals__), (fn.__globals__, dict(fn.__globals__)))[1]
         copy = types.FunctionType(fn.__code__, shadow, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -122,6 +124,33 @@ def _interpreted(jit_function, refresh: bool = False):
         # a notebook may have redefined a helper since: look names up afresh
         twin.fn.__globals__.update(jit_function.fn.__globals__)
     return twin
+
+
+def _repair_scalar_index() -> None:
+    """Triton ≤ 3.6's interpreter turns a scalar into a Python int with ``int(array)`` on a
+    one-element 1-D array (to run ``range(lo, hi, BLOCK)`` with runtime bounds, as every flashlab
+    kernel does). NumPy 2.5 refuses that ("only 0-dimensional arrays can be converted to Python
+    scalars"), so with those versions every interpreted call failed (found on the course's H200
+    machine: Triton 3.6, NumPy 2.5.2). Triton 3.7+ squeezes the array first; on older versions
+    the interpreter's patch step is wrapped to do the same. The wrapper only changes how that one
+    conversion is done, for every interpreter user in the process, and only where it would fail."""
+    from triton.runtime import interpreter
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_flashlab_repaired", False):
+        return
+    try:
+        if "int(self.handle.data))" not in inspect.getsource(original):
+            return                                    # a Triton that squeezes already
+    except (OSError, TypeError):
+        return
+
+    def patch_lang_tensor(tensor, scope, *args, **kwargs):
+        original(tensor, scope, *args, **kwargs)
+        # set after the original: the scope restores in reverse order, so both undo cleanly
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._flashlab_repaired = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
 
 
 @contextlib.contextmanager

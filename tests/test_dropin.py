@@ -288,3 +288,46 @@ def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():
         results.append((out.detach(), *torch.autograd.grad(out.sum(), (q, k, v))))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_old_interpreters_scalar_index_is_repaired(monkeypatch):
+    """Triton ≤ 3.6's interpreter converts a scalar with int() on a one-element 1-D array, which
+    NumPy 2.5 refuses: runtime wraps that patch step (seen on the H200: Triton 3.6, NumPy 2.5.2).
+    Here a stand-in with the old source is repaired, and a newer one is left alone."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from flashlab import runtime
+
+    class Scope:
+        def __init__(self):
+            self.changes = []
+
+        def set_attr(self, obj, name, value):
+            self.changes.append(name)
+            setattr(obj, name, value)
+
+    def _patch_lang_tensor(tensor, scope):
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    class Handle:
+        data = np.array([7])                     # a scalar as the old interpreter holds it
+
+    class Tensor:
+        handle = Handle()
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _patch_lang_tensor)
+    runtime._repair_scalar_index()
+    repaired = interpreter._patch_lang_tensor
+    assert repaired is not _patch_lang_tensor
+    scope = Scope()
+    repaired(Tensor, scope)
+    assert scope.changes == ["__index__", "__index__"] and Tensor().__index__() == 7
+    runtime._repair_scalar_index()               # idempotent: not wrapped twice
+    assert interpreter._patch_lang_tensor is repaired
+
+    def newer(tensor, scope):                    # Triton ≥ 3.7 squeezes already: left alone
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", newer)
+    runtime._repair_scalar_index()
+    assert interpreter._patch_lang_tensor is newer

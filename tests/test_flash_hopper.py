@@ -26,8 +26,8 @@ def fake(shape=(2, 4, 128, 64), dtype=torch.bfloat16, device="cuda"):
 
 @pytest.fixture
 def hopper_machine(monkeypatch):
-    """Pretend to be an sm_90 GPU with Triton 3.6, FLASHLAB_HOPPER unset."""
-    monkeypatch.delenv("FLASHLAB_HOPPER", raising=False)
+    """Pretend to be an sm_90 GPU with Triton 3.6, FLASHLAB_HOPPER=1."""
+    monkeypatch.setenv("FLASHLAB_HOPPER", "1")
     monkeypatch.setattr(flash_hopper_launch, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(flash_hopper_launch, "_triton_version", lambda: (3, 6))
 
@@ -141,3 +141,12 @@ def test_attention_takes_the_hopper_path_on_hopper(monkeypatch):
     calls.clear()
     attention(q, k, v, is_causal=True)
     assert not calls
+
+
+def test_unset_follows_the_default(monkeypatch):
+    """Unset, FLASHLAB_HOPPER takes ON_BY_DEFAULT (off until the ladder measured the path)."""
+    monkeypatch.delenv("FLASHLAB_HOPPER", raising=False)
+    monkeypatch.setattr(flash_hopper_launch, "ON_BY_DEFAULT", False)
+    assert not flash_hopper_launch.enabled()
+    monkeypatch.setattr(flash_hopper_launch, "ON_BY_DEFAULT", True)
+    assert flash_hopper_launch.enabled()
