@@ -38,12 +38,15 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 
 def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
-    """Key-tile size and launch options: 64-key tiles pipelined 3 deep on a GPU with Hopper's 228 KB
-    of shared memory per SM at D ≤ 128 (2 deep otherwise, to fit); in the interpreter larger tiles
-    and fewer programs run faster (its cost is per program and per op)."""
+    """Key-tile size and launch options. On a GPU with Hopper's 228 KB of shared memory per SM and
+    D ≤ 128: 128-key tiles, 4 warps, 2 stages, the fastest of 12 (tile 64/128 × warps 4/8 × stages
+    2-4) on an H200 for a 64k cache at batch 1 and a paged one at batch 4 (results/h200/
+    decode_varlen.json, "decode launch options"; the spread was 0.105-0.126 ms at batch 1). Elsewhere
+    64-key tiles, 2 stages, to fit. In the interpreter larger tiles and fewer programs run faster
+    (its cost is per program and per op)."""
     if device_is_gpu:
         roomy = torch.cuda.get_device_capability()[0] >= 9 and head_dim <= 128
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3 if roomy else 2)
+        return dict(BLOCK_N=128, num_warps=4, num_stages=2) if roomy else dict(BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(BLOCK_N=32)
 
 
