@@ -307,7 +307,7 @@ def capture_resources(run: Run):
             if key not in seen and compiled is not None and hasattr(compiled, "n_regs"):
                 seen.add(key)
                 run.record["resources"].append({
-                    "step": run.current_step, "kernel": _name, "dtype": key[2].replace("torch.", ""), **meta,
+                    "step": run.current_step, "kernel": _name, "dtype": key[3].replace("torch.", ""), **meta,
                     "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None),
                     "shared_bytes": getattr(getattr(compiled, "metadata", None), "shared", None)})
             return compiled
