@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from flashlab.timing import time_ms
-from flashlab.recorded import environment
 
 from flashlab import rel_error
 from flashlab.decode import choose_num_splits, decode_attention, reference_decode_attention, sm_count
 from flashlab.model import CausalTransformer
 from flashlab.packing import RepeatedPatternDocuments, training_throughput
+from flashlab.recorded import environment
 from flashlab.reference import TOLERANCE
+from flashlab.timing import time_ms
 from flashlab.varlen import cu_seqlens_from_lengths, reference_varlen_attention, varlen_attention
 
 START = time.time()
