@@ -36,6 +36,7 @@ FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
+@functools.cache
 def max_keys(head_dim: int, dtype: torch.dtype) -> int:
     """The longest sequence (Nq and Nk) the small path takes at this head dimension and dtype;
     0 where it never applies (D > 128). See the module docstring for the budget."""
@@ -256,9 +258,21 @@ def small_backward_kernel(
 
 
 # -- launches --------------------------------------------------------------------------------
+# Everything a launch needs that depends only on the call's signature (shapes, strides,
+# dtype, flags) is worked out once per signature and kept: at routing-model sizes a
+# kernel runs for tens of µs, about what recomputing strides and grids in Python costs.
 
-def _config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
-    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device)
+_plans: dict = {}
+_MAX_PLANS = 1024            # emptied when full
+
+
+def _plan(key: tuple, build):
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = build()
+    return plan
 
 
 def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
@@ -266,18 +280,28 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     """The small forward: O and the base-2 log-sum-exp L, as `flash_launch.flash_forward`
     returns them. q, k, v have contiguous rows (head dimension stride 1); the mask is
     `flash_launch._mask_args`'s."""
-    B, H, n_q, head_dim = q.shape
-    n_k, group = k.shape[2], H // k.shape[1]
-    out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-    config = _config("forward", n_q, n_k, q.device)
-    grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
-    kernel_for(small_forward_kernel, q.device)[grid](
-        q, k, v, mask, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *mask_strides, out.stride(0), out.stride(1), out.stride(2),
-        H, B * H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
-        IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-        BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision, **config.kwargs())
+    dropout = dropout_p > 0
+    key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
+           dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
+
+    def build():
+        B, H, n_q, head_dim = q.shape
+        n_k, group = k.shape[2], H // k.shape[1]
+        config = _config("forward", n_q, n_k, q.device)
+        out_strides = (H * n_q * head_dim, n_q * head_dim, head_dim)        # O is allocated contiguous
+        grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
+        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides,
+                H, B * H, n_q, n_k, head_dim, group)
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
+                         **config.kwargs())
+        return grid, ints, constants, (B, H, n_q)
+
+    grid, ints, constants, lse_shape = _plan(key, build)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    kernel_for(small_forward_kernel, q.device)[grid](q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p,
+                                                      **constants)
     return out, lse
 
 
@@ -285,18 +309,31 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
                    is_causal, scale, input_precision):
     """The small backward, one launch: (dq, dk, dv). Inputs as `small_forward`'s, plus O, its
     contiguous (B, H, Nq) L, and dO (contiguous rows)."""
-    B, H, n_q, head_dim = q.shape
-    H_kv, n_k = k.shape[1], k.shape[2]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)   # the layouts the custom op promises
-    config = _config("backward", n_q, n_k, q.device)
-    grid = (-(-B * H_kv // config.heads),)
-    kernel_for(small_backward_kernel, q.device)[grid](
-        q, k, v, mask, out, grad_out, lse, dq, dk, dv,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), *mask_strides, out.stride(0), out.stride(1), out.stride(2),
-        grad_out.stride(0), grad_out.stride(1), grad_out.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, B * H_kv, n_q, n_k, head_dim, H // H_kv, scale * LOG2E, scale, seed, dropout_p,
-        IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-        BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision, **config.kwargs())
+    dropout = dropout_p > 0
+    # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
+           dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, dropout, is_causal,
+           input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
+
+    def build():
+        B, H, n_q, head_dim = q.shape
+        H_kv, n_k = k.shape[1], k.shape[2]
+        config = _config("backward", n_q, n_k, q.device)
+        grid = (-(-B * H_kv // config.heads),)
+        ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
+            s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
+                                                                                H // H_kv)
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
+                         **config.kwargs())
+        return grid, ints, constants
+
+    grid, ints, constants = _plan(key, build)
+    kernel_for(small_backward_kernel, q.device)[grid](q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints,
+                                                       scale * LOG2E, scale, seed, dropout_p, **constants)
     return dq, dk, dv
+
+
+def _config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
+    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device)
