@@ -491,7 +491,7 @@ def capturing(device) -> bool:
     if getattr(device, "type", None) != "cuda":
         return False
     import torch
-    return torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def shipped_key(key: tuple) -> str:
