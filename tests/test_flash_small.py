@@ -131,3 +131,60 @@ def test_default_configurations():
     with pytest.raises(ValueError, match="unknown kernels"):
         with flash_small.force(dq=flash_small.SmallConfig(16)):
             pass
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("N", [50, 300])            # the small path, and the general kernels
+def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
+    """A CUDA graph of forward+backward, captured after warm-up (torch.cuda.graph), replayed
+    on new inputs copied into its static tensors, gives the eager results: no host
+    synchronisation, no per-call device tensors from Python. (The tuner's part, launching
+    nothing inside a capture, is tests/test_autotune.py's; tuning here would take a minute.)"""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
+    B, H, D, dtype = 4, 4, 16, torch.bfloat16
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(B, H, N, D, device="cuda", dtype=dtype)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        out = attention(q, k, v, is_causal=True)
+        out.backward(grad)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(2):
+        with torch.no_grad():
+            for t in (q, k, v, grad):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = (static_out.clone(), q.grad.clone(), k.grad.clone(), v.grad.clone())
+        want = (step().detach(), q.grad, k.grad, v.grad)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            assert_close(a, b, tol=TOL[dtype], what=f"graph replay {name}")
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
+def test_make_graphed_callables_on_a_module():
+    """torch.cuda.make_graphed_callables over an attention module (forward and backward graphs)."""
+    from flashlab.flash_attention import MultiHeadAttention
+    module = MultiHeadAttention(128, 8).cuda()
+    x = torch.randn(64, 50, 128, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(module, (x,))
+    for _ in range(2):
+        x_new = torch.randn_like(x, requires_grad=True)
+        out = graphed(x_new)
+        out.square().sum().backward()
+        x_eager = x_new.detach().clone().requires_grad_()
+        want = module(x_eager)
+        want.square().sum().backward()
+        assert_close(out, want, tol=TOL[torch.float32] * 100, what="graphed output")
+        assert_close(x_new.grad, x_eager.grad, tol=TOL[torch.float32] * 100, what="graphed dx")
