@@ -31,6 +31,8 @@ the interpreter says nothing about a GPU. Set FLASHLAB_AUTOTUNE=0 to use each li
   4. tuning now (10-60 s per new shape bucket on the first call; a warning says so once and
      how to tune ahead: ``python -m flashlab tune``, `flashlab.pretune.pretune`).
 The choice itself is `decide`, a pure function of the measurements (exercise 07).
+Inside a CUDA graph capture nothing is timed or tried: a decision already made (memory, the
+cache file) or the default is launched (`capturing`).
 """
 
 from __future__ import annotations
@@ -82,31 +84,45 @@ EXACT_FP32 = Config(32, 32, 8, 1)
 # autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when
 # pipelined: BLOCK_M < BLOCK_N with 2 stages gave dK errors of 1-9% on an H200 with Triton
 # 3.6 (python -m measurements.probe_dk). tests/test_attention.py checks every candidate on a GPU.
+#
+# D ≤ 32 (routing models: width 128 over 8 heads is D = 16): a tile row is 32-64 bytes, so
+# the 128 × 128 tiles that cost too many registers at D = 128 fit easily, and with little work
+# per tile fewer, larger programs amortise each program's fixed cost. The defaults stay the
+# D = 64 defaults (compiled and checked at D = 16 and 32 by the GPU test of every candidate);
+# the larger tiles follow. Sequences short enough for one tile take flashlab.flash_small instead.
 _HOPPER = {
-    "forward": {64: [Config(128, 64, 4, 3), Config(128, 128, 8, 3), Config(128, 64, 4, 4), Config(128, 128, 4, 3),
+    "forward": {32: [Config(128, 64, 4, 3), Config(128, 128, 4, 3), Config(128, 128, 8, 3), Config(64, 64, 4, 3),
+                     Config(128, 32, 4, 4)],
+                64: [Config(128, 64, 4, 3), Config(128, 128, 8, 3), Config(128, 64, 4, 4), Config(128, 128, 4, 3),
                      Config(64, 64, 4, 4)],
                 128: [Config(128, 64, 8, 3), Config(128, 128, 8, 3), Config(128, 64, 4, 3), Config(128, 32, 4, 3),
                       Config(64, 64, 4, 3)],
                 256: [Config(64, 32, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 8, 2), Config(64, 64, 8, 2)]},
-    "dkdv": {128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
+    "dkdv": {32: [Config(64, 64, 4, 2), Config(128, 64, 4, 2), Config(128, 128, 8, 2), Config(64, 64, 4, 3),
+                  Config(32, 32, 4, 2)],
+             128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
                    Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1),
                    # no register spills at D = 128 when compiled for sm_90 (python -m measurements.kernel_resources_aot;
                    # 64x64 w4 spills 376-648 bytes a thread); not yet timed on a GPU
                    Config(32, 32, 4, 2), Config(128, 32, 8, 2), Config(64, 32, 4, 3, fast_path=False)],
              256: [Config(32, 32, 4, 1), Config(64, 64, 4, 1), Config(32, 32, 4, 2)]},
-    "dq": {128: [Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 64, 4, 3), Config(128, 128, 8, 2)],
+    "dq": {32: [Config(64, 64, 4, 2), Config(128, 64, 4, 2), Config(128, 128, 8, 2), Config(64, 64, 4, 3)],
+           128: [Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 64, 4, 3), Config(128, 128, 8, 2)],
            256: [Config(32, 32, 4, 1), Config(64, 32, 4, 1), Config(64, 64, 4, 1)]},
 }
 # Ampere and Ada (sm_80-89: A100 164 KB, RTX 30/40 99 KB of shared memory per SM): the
 # FlashAttention-2 paper's shapes with fewer stages. Not measured here (no such GPU):
 # sane defaults that the tuner narrows down on the reader's card.
 _AMPERE = {
-    "forward": {64: [Config(128, 64, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 4, 2)],
+    "forward": {32: [Config(128, 64, 4, 2), Config(128, 128, 8, 2), Config(64, 64, 4, 2)],
+                64: [Config(128, 64, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 4, 2)],
                 128: [Config(128, 32, 4, 2), Config(64, 64, 4, 2), Config(128, 64, 8, 2)],
                 256: [Config(64, 32, 4, 1), Config(32, 32, 4, 1)]},
-    "dkdv": {128: [Config(64, 64, 4, 1), Config(32, 32, 4, 1), Config(64, 64, 8, 2)],
+    "dkdv": {32: [Config(64, 64, 4, 1), Config(128, 64, 4, 2), Config(64, 64, 8, 2)],
+             128: [Config(64, 64, 4, 1), Config(32, 32, 4, 1), Config(64, 64, 8, 2)],
              256: [Config(32, 32, 4, 1)]},
-    "dq": {128: [Config(64, 64, 4, 1), Config(32, 32, 4, 1), Config(64, 64, 8, 2)],
+    "dq": {32: [Config(64, 64, 4, 1), Config(128, 64, 4, 2), Config(64, 64, 8, 2)],
+           128: [Config(64, 64, 4, 1), Config(32, 32, 4, 1), Config(64, 64, 8, 2)],
            256: [Config(32, 32, 4, 1)]},
 }
 
@@ -340,6 +356,8 @@ class Autotuner:
             return _forced[kernel]
         if not enabled() or not tune:
             if key not in self.untuned:
+                if capturing(key[1]):                 # no trial launches inside a CUDA graph
+                    return _sized(key, configs)[0]
                 self.untuned[key] = _first_that_compiles(_sized(key, configs), launch)
             return self.untuned[key]
         if key in self.best:
@@ -347,6 +365,11 @@ class Autotuner:
         configs = _sized(key, configs)
         if len(configs) == 1:
             return configs[0]
+        if capturing(key[1]):
+            # Inside a CUDA graph capture every launch is recorded, not run, and timing or
+            # comparing outputs would synchronise: take a decision stored on disk, else the
+            # default, and remember neither (an eager call of this shape tunes as usual).
+            return self._stored(key, configs) or configs[0]
         chosen = self._stored(key, configs)
         if chosen is not None:
             self.log.append({"key": _printable(key), "chosen": str(chosen), "from_cache": self.cache_path})
@@ -466,6 +489,15 @@ class Autotuner:
         """Every tuning decision so far: the key, the chosen config, and each candidate's time
         (or, for a decision read from the cache file or the shipped decisions, where from)."""
         return list(self.log)
+
+
+def capturing(device) -> bool:
+    """True while the current CUDA stream of ``device`` is being captured into a CUDA graph
+    (torch.cuda.graph, make_graphed_callables): then nothing may be timed or synchronised."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def shipped_key(key: tuple) -> str:

@@ -6,6 +6,7 @@ again."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -117,45 +118,96 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     The kernels are the custom ops of `flashlab.ops`, so ``torch.compile(fullgraph=True)`` and
     ``torch.export`` capture a call as one node.
     """
-    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    scale = default_scale(q.shape[-1], scale)
-    dropout_p = float(dropout_p)
-    if q.dim() >= 3 and k.shape[:-3] != q.shape[:-3]:      # batch dimensions broadcast, as in SDPA
+    plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32)
+    scale, dropout_p = plan.scale, plan.dropout_p
+    if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
         k = k.expand(*q.shape[:-3], *k.shape[-3:])
         v = v.expand(*q.shape[:-3], *v.shape[-3:])
-    if not _uses_kernels(q, k, v, attn_mask, dropout_p):
+    if not plan.kernels:
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
         return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
 
-    H, n_q, n_k, head_dim, value_dim = _heads(q), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    q4, k4, v4 = _as_4d(q, H), _as_4d(k, _heads(k)), _as_4d(v, _heads(k))
-    mask4 = attn_mask
-    if attn_mask is not None and q.dim() != 4:
-        mask4 = attn_mask.expand(*q.shape[:-2], n_q, n_k).reshape(q4.shape[0], H, n_q, n_k)
+    q4, k4, v4, mask4 = q, k, v, attn_mask
+    if plan.reshape:
+        H, n_q, n_k = _heads(q), q.shape[-2], k.shape[-2]
+        q4, k4, v4 = _as_4d(q, H), _as_4d(k, _heads(k)), _as_4d(v, _heads(k))
+        if attn_mask is not None:
+            mask4 = attn_mask.expand(*q.shape[:-2], n_q, n_k).reshape(q4.shape[0], H, n_q, n_k)
     # value head dim ≠ query head dim: zero-pad the narrower side to the common width. Zero
     # columns of q and k add nothing to Q Kᵀ; zero columns of V give output columns we drop.
-    width = max(head_dim, value_dim)
-    if head_dim < width:
-        q4, k4 = F.pad(q4, (0, width - head_dim)), F.pad(k4, (0, width - head_dim))
-    if value_dim < width:
-        v4 = F.pad(v4, (0, width - value_dim))
+    if plan.pad_qk:
+        q4, k4 = F.pad(q4, (0, plan.pad_qk)), F.pad(k4, (0, plan.pad_qk))
+    if plan.pad_v:
+        v4 = F.pad(v4, (0, plan.pad_v))
     seed = ops.draw_seed() if dropout_p > 0 else None
-    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, input_precision(q.dtype, q.device, exact_fp32))
-    wants_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, attn_mask))
+    precision = plan.precision or input_precision(q.dtype, q.device, exact_fp32)
+    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision)
+    wants_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+        attn_mask is not None and attn_mask.requires_grad))
     # Eager calls on real tensors skip the dispatcher (a few hundred µs of Python per forward+
     # backward, as long as the kernels at small N); anything traced (compile, export: fake or
     # functional tensors) goes through the custom op.
-    if type(q) is torch.Tensor and not torch.compiler.is_compiling():
+    if plan.eager:
         out = (ops.EagerFlashAttention.apply(*args) if wants_grad else ops.forward_kernels(*args))[0]
     else:
         out = ops.flash_attention_forward(*args)[0]
-    if value_dim < width:
-        out = out[..., :value_dim]
-    shape = (*q.shape[:-1], value_dim)
-    return out if out.shape == shape else out.reshape(shape)   # a view only where needed: grad_fn stays the op's
+    if plan.pad_v:
+        out = out[..., :v.shape[-1]]
+    if plan.reshape:                       # a view only where needed: grad_fn stays the op's
+        out = out.reshape(*q.shape[:-1], v.shape[-1])
+    return out
+
+
+class _Plan(NamedTuple):
+    """What `attention` decides from a call's signature alone (shapes, dtypes, devices, the
+    options), once per signature for eager calls: the checks passed, and these."""
+    scale: float
+    dropout_p: float
+    expand_batch: bool       # k/v batch dimensions broadcast to q's
+    kernels: bool            # the Triton kernels (else the PyTorch path)
+    reshape: bool            # not (B, H, N, D): flattened to 4-D for the kernels and back
+    pad_qk: int              # zero columns added to q and k (Dv > D)
+    pad_v: int               # zero columns added to v (D > Dv)
+    precision: str | None    # the kernels' products; None: decided per call (fp32 on a GPU follows torch's TF32 flag)
+    eager: bool              # real tensors outside a trace: skip the dispatcher
+
+
+_PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
+_MAX_PLANS = 4096            # emptied when full: shapes that change every call must not grow it forever
+
+
+def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32) -> _Plan:
+    """The `_Plan` of this call: looked up for eager calls whose signature was seen before
+    (checks and decisions are functions of the signature), else checked and built. A training
+    step calls each layer's attention with one signature, and at routing-model sizes the
+    kernels take about as long as these checks on the CPU."""
+    eager = type(q) is torch.Tensor and not torch.compiler.is_compiling()
+    key = None
+    if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool
+            and (attn_mask is None or type(attn_mask) is torch.Tensor)
+            and type(dropout_p) in (float, int) and (scale is None or type(scale) in (float, int))):
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
+               dropout_p, is_causal, scale, enable_gqa, exact_fp32, INTERPRETER_MAX_TILES)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan
+    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    head_dim, value_dim = q.shape[-1], v.shape[-1]
+    width = max(head_dim, value_dim)
+    tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
+    plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
+                 expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3],
+                 kernels=_uses_kernels(q, k, v, attn_mask, float(dropout_p)),
+                 reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
+                 precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager)
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 class MultiHeadAttention(nn.Module):

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from . import autotune, flash_hopper_launch
+from . import autotune, flash_hopper_launch, flash_small
 from .flash_triton import (
     LOG2E,
     dropout_mask_kernel,
@@ -109,9 +109,12 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     B, H, n_q, head_dim = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
+    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+    if flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):      # every key in one tile: one pass
+        return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
+                                         is_causal, scale, input_precision)
     out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
@@ -137,6 +140,9 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
+    if flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):  # one launch, D computed in it
+        return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
+                                          seed, is_causal, scale, input_precision)
     head_dim_args = _head_dim_args(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]

@@ -40,23 +40,42 @@ def draw_seed() -> Tensor:
     return torch.randint(0, 2**31 - 1, (), dtype=torch.int64)
 
 
-def _on_cpu_in_fp32(device: torch.device, *tensors):
-    """Half-precision CPU tensors as fp32 (see the module docstring); others unchanged."""
-    if device.type != "cpu":
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _on_cpu_in_fp32(q: Tensor, *tensors):
+    """Half-precision CPU tensors as fp32 (see the module docstring); others unchanged. q, k,
+    v share one dtype and device (checked by `flashlab.attention`), so q's decide."""
+    if q.dtype not in _HALF or not q.is_cpu:
         return tensors
-    return tuple(t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
-                 for t in tensors)
+    return tuple(t.float() if t is not None and t.dtype in _HALF else t for t in tensors)
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+_flash_launch = None
+
+
+def _launcher():
+    """flashlab.flash_launch, imported on first use (it imports Triton; this module must not)
+    and then kept: an import statement per call costs microseconds on a launch-bound path."""
+    global _flash_launch
+    if _flash_launch is None:
+        from . import flash_launch
+        _flash_launch = flash_launch
+    return _flash_launch
 
 
 def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
                     seed: Tensor | None, is_causal: bool, scale: float, input_precision: str) -> tuple[Tensor, Tensor]:
     """The forward op's implementation, also called directly where no graph is traced and no
     gradient is wanted (inference calls are launch-bound: the dispatcher costs microseconds)."""
-    from .flash_launch import flash_forward
-    qc, kc, vc, mask = _on_cpu_in_fp32(q.device, q, k, v, attn_mask)
-    out, lse = flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
+    qc, kc, vc, mask = _on_cpu_in_fp32(q, q, k, v, attn_mask)
+    out, lse = _launcher().flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
                              scale, input_precision)
-    return out.to(q.dtype), lse
+    return _as(out, q.dtype), lse
 
 
 flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(
@@ -73,14 +92,13 @@ def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                      attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
                      scale: float, input_precision: str, mask_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward op's implementation, also called directly by `EagerFlashAttention`."""
-    from .flash_launch import flash_backward
     seed_value = int(seed) if seed is not None else 0
-    qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q.device, q, k, v, out, grad_out, attn_mask)
-    dq, dk, dv = flash_backward(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale,
+    qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q, q, k, v, out, grad_out, attn_mask)
+    dq, dk, dv = _launcher().flash_backward(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale,
                                 input_precision)
     dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale)
              .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask
+    return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dmask
 
 
 flash_attention_backward = torch.library.custom_op("flashlab::flash_attention_backward", mutates_args=())(
@@ -148,6 +166,7 @@ class EagerFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
         out, lse = forward_kernels(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision)
+        ctx.set_materialize_grads(False)      # lse gets no gradient: no zeros tensor made for it
         FlashAttentionFunction.setup_context(ctx, (q, k, v, attn_mask, dropout_p, seed, is_causal, scale,
                                                    input_precision), (out, lse))
         return out, lse

@@ -225,7 +225,7 @@ def _every_candidate():
     if not CUDA:
         return []
     capability = torch.cuda.get_device_capability()
-    return [(kernel, d, config) for kernel in autotune.KERNELS for d in (64, 128, 256)
+    return [(kernel, d, config) for kernel in autotune.KERNELS for d in (16, 64, 128, 256)
             for config in dict.fromkeys(autotune.candidates(kernel, d, capability))]
 
 
@@ -300,7 +300,13 @@ def test_candidate_lists():
                 assert configs and len(set(configs)) == len(configs)
     assert autotune.candidates("forward", 64, (9, 0))[0] == autotune.Config(128, 64, 4, 3)
     assert autotune.candidates("forward", 128, (9, 0))[0] == autotune.Config(128, 64, 8, 3)
-    assert all(c.block_m >= c.block_n for c in autotune.candidates("dkdv", 128, (9, 0)) if c.num_stages > 1)
+    for kernel in autotune.KERNELS:   # D ≤ 32 has lists of its own, whose default is D = 64's
+        assert autotune.candidates(kernel, 16, (9, 0)) == autotune.candidates(kernel, 32, (9, 0))
+        assert autotune.candidates(kernel, 16, (9, 0)) != autotune.candidates(kernel, 64, (9, 0))
+        assert autotune.candidates(kernel, 16, (9, 0))[0] == autotune.candidates(kernel, 64, (9, 0))[0]
+    for d in (16, 128):
+        for capability in ((9, 0), (8, 0)):
+            assert all(c.block_m >= c.block_n for c in autotune.candidates("dkdv", d, capability) if c.num_stages > 1)
     with pytest.raises(ValueError, match="kernel"):
         autotune.candidates("backward", 64, (9, 0))
     with pytest.raises(ValueError, match="unknown kernels"):

@@ -254,6 +254,28 @@ def test_tuning_off_takes_the_first_config_that_compiles(monkeypatch):
         tuner.choose(KEY[:-1] + (4,), [A, B], wrong)
 
 
+@pytest.mark.parametrize("tuning", ["1", "0"])
+def test_nothing_is_tried_or_timed_inside_a_cuda_graph_capture(monkeypatch, tmp_path, tuning):
+    """While a CUDA graph is captured (autotune.capturing) a launch is recorded, not run: the
+    tuner launches nothing itself, takes the default and keeps no decision; the next call
+    outside the capture tunes as usual."""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", tuning)
+    monkeypatch.setattr(autotune, "capturing", lambda device: True)
+    kernel = FakeKernel({A: 2.0, B: 1.0, C: 0.5})
+    tuner = _tuner(kernel, tmp_path / "tune.json")
+    assert tuner.choose(KEY, [A, B, C], kernel.launch) == A and kernel.calls == []
+    monkeypatch.setattr(autotune, "capturing", lambda device: False)
+    expected = C if tuning == "1" else A
+    assert tuner.choose(KEY, [A, B, C], kernel.launch) == expected and kernel.calls, "tuned (or tried) now"
+    kernel.calls.clear()
+    monkeypatch.setattr(autotune, "capturing", lambda device: True)
+    assert tuner.choose(KEY, [A, B, C], kernel.launch) == expected and kernel.calls == [], "a made decision holds"
+
+
+def test_capturing_is_false_off_the_gpu():
+    assert autotune.capturing(torch.device("cpu")) is False
+
+
 # -- decisions shipped with the package ---------------------------------------------------------
 
 class FakeCuda:

@@ -1,0 +1,349 @@
+"""Attention for short sequences: every key of a head fits in one tile.
+
+Routing models (a TSP encoder over 20-100 cities) call attention with a huge batch and tiny
+N: B = 512 instances × 8 heads, N = 20-100, D = 16. There the general kernels of
+`flashlab.flash_triton` spend more time being launched than computing: the backward is three
+launches (D = rowsum(dO ∘ O), the dK/dV pass, the dQ pass), each over tiles mostly empty.
+When all Nk keys fit in one BLOCK_N tile, a program that holds them sees every (query, key)
+pair of its head, and the backward needs no second pass:
+
+Forward, one program per (block of BLOCK_M queries, HEADS heads): for each head
+    S = Q Kᵀ · scale·log2(e)          (one tile: every key at once, no online rescaling)
+    m = rowmax S;  P̃ = 2^(S − m);  l = rowsum P̃;  O = P̃ V / l;  L = m + log2 l
+
+Backward, one program per (HEADS k/v heads; with GQA each brings its GROUP q heads): K, V,
+dK, dV stay on chip while the program's query blocks stream past:
+    D_i = rowsum(dO_i ∘ O_i)                       (in the kernel: no preprocess launch)
+    P = 2^(S − L),  dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D)
+    dK += dSᵀ Q,  dQ_i = dS K · scale              (complete: this program saw every key)
+One launch, every output tile written by exactly one program: no atomics, deterministic.
+
+O and L are the general forward's (same layout, L in base 2), so either backward can follow
+either forward. Masks and dropout use the general kernels' helpers (`_tile_scores`,
+`dropout_keep`): the same masking and the same Philox mask for the same seed.
+
+The path is taken when Nq and Nk are both ≤ `max_keys(D, dtype)` (`applies`): the program
+keeps K, V (input dtype) and the fp32 dK, dV accumulators, Nk × D each, on chip for the
+whole backward, so the limit is a budget of Nk × padded D: 8192 elements for 2-byte inputs
+(Nk ≤ 128 at D ≤ 64, 64 at D = 128), half that for fp32 (128 at D ≤ 32, 64 at D = 64,
+32 at D = 128); D > 128 never. At the budget's edge, dK + dV take 2·8192 fp32 values = 64
+registers a thread at 8 warps, beside the BLOCK_M × BLOCK_N score tiles. Nq is held to
+the same limit: one program walks all of a head's queries, so a long Nq would leave the GPU
+idle where the general path spreads query blocks over programs.
+FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .flash_triton import LOG2E, _tile_scores, dropout_keep
+from .runtime import kernel_for
+
+MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
+MAX_KEYS = 128                           # the widest score tile (BLOCK_M × 128) per step
+
+
+def _pow2(n: int) -> int:
+    """n rounded up to a power of two, at least 16 (tl.dot's smallest side)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+@functools.cache
+def max_keys(head_dim: int, dtype: torch.dtype) -> int:
+    """The longest sequence (Nq and Nk) the small path takes at this head dimension and dtype;
+    0 where it never applies (D > 128). See the module docstring for the budget."""
+    block_d = _pow2(head_dim)
+    if block_d > 128:
+        return 0
+    return min(MAX_KEYS, MAX_TILE_ELEMENTS[dtype.itemsize] // block_d)
+
+
+# Unset FLASHLAB_SMALL_PATH: the path runs in the CPU interpreter (checked against float64 by the
+# tests) but not yet on a GPU, where it turns on once measurements/small_graphs.py has shown it
+# correct and faster on an H200 (results/h200/small_graphs/).
+ON_BY_DEFAULT_ON_GPU = False
+
+
+def enabled(device_type: str = "cpu") -> bool:
+    """FLASHLAB_SMALL_PATH=0: every shape runs the general kernels (the "before" of the GPU
+    measurements); =1: the small path where it applies; unset: on CPU yes, on a GPU
+    `ON_BY_DEFAULT_ON_GPU`."""
+    setting = os.environ.get("FLASHLAB_SMALL_PATH")
+    if setting is None:
+        return device_type == "cpu" or ON_BY_DEFAULT_ON_GPU
+    return setting != "0"
+
+
+def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device_type: str = "cpu") -> bool:
+    """Whether a call of this shape takes the small path (`enabled` and both lengths within
+    `max_keys`)."""
+    limit = max_keys(head_dim, dtype)
+    return n_q <= limit and n_k <= limit and enabled(device_type)
+
+
+# -- configurations --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SmallConfig:
+    """How a small-path kernel is launched: BLOCK_M queries per step, HEADS heads per program
+    (k/v heads in the backward), num_warps. BLOCK_N is always all keys (padded)."""
+    block_m: int
+    heads: int = 1
+    num_warps: int = 4
+
+    def kwargs(self) -> dict:
+        return {"BLOCK_M": self.block_m, "HEADS": self.heads, "num_warps": self.num_warps, "num_stages": 1}
+
+    def __str__(self) -> str:
+        return f"{self.block_m}xall h{self.heads} w{self.num_warps}"
+
+
+def default_config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
+    """The launch of ``kernel`` ("forward" or "backward") for this shape.
+
+    GPU: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
+    N ≤ 64 whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
+    beside dK and dV; 4 warps; one head per program: B·H = 4096 programs are 30 waves of an
+    H200's 132 SMs already, so packing heads buys no occupancy (measurements/small_graphs.py
+    compares the alternatives). Interpreter: the whole sequence in one step (fewer, larger
+    numpy operations)."""
+    block_n = _pow2(n_k)
+    if device.type != "cuda":
+        return SmallConfig(block_m=_pow2(n_q))
+    budget = 8192 if kernel == "forward" else 4096
+    return SmallConfig(block_m=min(_pow2(n_q), max(16, budget // block_n)))
+
+
+_forced: dict[str, SmallConfig] = {}
+
+
+@contextlib.contextmanager
+def force(**configs: SmallConfig):
+    """Launch the small kernels with these configurations, e.g.
+    ``force(forward=SmallConfig(16, heads=2))`` (the GPU script's comparisons, tests)."""
+    unknown = set(configs) - {"forward", "backward"}
+    if unknown:
+        raise ValueError(f"force: unknown kernels {sorted(unknown)}; expected 'forward' and/or 'backward'")
+    saved = dict(_forced)
+    _forced.update(configs)
+    try:
+        yield
+    finally:
+        _forced.clear()
+        _forced.update(saved)
+
+
+# -- kernels ---------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["seed"])
+def small_forward_kernel(
+    Q, K, V, MASK, O, L,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
+    H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    # 1-D grid: cdiv(Nq, BLOCK_M) · cdiv(B·H, HEADS) programs, query blocks fastest
+    num_m = tl.cdiv(n_q, BLOCK_M)
+    start_m = tl.program_id(0) % num_m
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)                      # every key: BLOCK_N ≥ Nk
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    for i in range(HEADS):
+        zh = (tl.program_id(0) // num_m) * HEADS + i
+        # the last program's heads past B·H see Nq = Nk = 0: every load and store masked off
+        rows = tl.where(zh < n_zh, n_q, 0)
+        keys = tl.where(zh < n_zh, n_k, 0)
+        z, h = zh // H, zh % H
+        kv_h = h // GROUP                               # GQA: q heads h share k/v head h // GROUP
+        row_ok = offs_m < rows
+        kv_ok = (offs_n < keys)[:, None] & d_ok[None, :]
+        q = tl.load(Q + z * stride_qz + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        k = tl.load(K + z * stride_kz + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
+        v = tl.load(V + z * stride_vz + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
+        mask_ptrs = MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        # S = Q Kᵀ·scale·log2(e), −inf where masked (keys ≥ Nk, causal j > i, attn_mask)
+        s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale,
+                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+        m = tl.max(s, 1)
+        m = tl.where(m == -float("inf"), 0.0, m)        # a row with no key: avoid −inf − −inf
+        p = tl.math.exp2(s - m[:, None])                # P̃ = 2^(S − m), every key at once
+        l = tl.sum(p, 1)                                # l = rowsum P̃ (before dropout)
+        if DROPOUT:
+            p = tl.where(dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p), p, 0.0)
+        acc = tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)     # P̃ V
+        has_key = l > 0
+        o = acc / tl.where(has_key, l, 1.0)[:, None]    # O = P̃ V / l; a row with no key: 0
+        if DROPOUT:
+            o = o * (1.0 / (1.0 - dropout_p))           # survivors scaled by 1/(1 − p)
+        tl.store(O + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        # L = m + log2 l, base 2 as the general forward's; +inf for a row with no key
+        lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), float("inf"))
+        tl.store(L + zh * n_q + offs_m, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def small_backward_kernel(
+    Q, K, V, MASK, O, DO, L, DQ, DK, DV,
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
+    stride_dqz, stride_dqh, stride_dqm, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+    H, n_zkv, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    # 1-D grid: cdiv(B·H_kv, HEADS) programs; each owns HEADS (batch, k/v head) pairs outright
+    h_kv = H // GROUP
+    offs_n = tl.arange(0, BLOCK_N)                      # every key: BLOCK_N ≥ Nk
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_mb = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < head_dim
+    for i in range(HEADS):
+        zkv = tl.program_id(0) * HEADS + i
+        rows = tl.where(zkv < n_zkv, n_q, 0)            # past B·H_kv: nothing loaded or stored
+        keys = tl.where(zkv < n_zkv, n_k, 0)
+        z, kv_h = zkv // h_kv, zkv % h_kv
+        kv_ok = (offs_n < keys)[:, None] & d_ok[None, :]
+        # K and V stay on chip for the whole program; dK and dV collect every query of every q head
+        k = tl.load(K + z * stride_kz + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
+        v = tl.load(V + z * stride_vz + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        for g in range(0, GROUP):                       # every q head that uses this k/v head
+            h = kv_h * GROUP + g
+            zh = z * H + h
+            for start_m in range(0, rows, BLOCK_M):
+                offs_m = start_m + offs_mb
+                row_ok = offs_m < rows
+                q_ok = row_ok[:, None] & d_ok[None, :]
+                q = tl.load(Q + z * stride_qz + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                            mask=q_ok, other=0.0)
+                do = tl.load(DO + z * stride_doz + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                             mask=q_ok, other=0.0)
+                o = tl.load(O + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                            mask=q_ok, other=0.0)
+                delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)       # D_i = rowsum(dO ∘ O)
+                lse = tl.load(L + zh * n_q + offs_m, mask=row_ok, other=float("inf"))
+                mask_ptrs = (MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm
+                             + offs_n[None, :] * stride_mn)
+                s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale,
+                                 IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+                p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
+                dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO Vᵀ
+                if DROPOUT:
+                    keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
+                    p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+                    dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+                    dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)   # through Z/(1−p)
+                else:
+                    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
+                ds = p * (dp - delta[:, None])                                # dS = P ∘ (dP − D)
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+                # dQ_i = dS K · scale is complete: this program holds every key of the head
+                dq = tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION) * sm_scale
+                tl.store(DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+                         dq.to(DQ.dtype.element_ty), mask=q_ok)
+        tl.store(DK + z * stride_dkz + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+                 (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
+        tl.store(DV + z * stride_dvz + kv_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+                 dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+# -- launches --------------------------------------------------------------------------------
+# Everything a launch needs that depends only on the call's signature (shapes, strides,
+# dtype, flags) is worked out once per signature and kept: at routing-model sizes a
+# kernel runs for tens of µs, about what recomputing strides and grids in Python costs.
+
+_plans: dict = {}
+_MAX_PLANS = 1024            # emptied when full
+
+
+def _plan(key: tuple, build):
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = build()
+    return plan
+
+
+def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
+                  input_precision):
+    """The small forward: O and the base-2 log-sum-exp L, as `flash_launch.flash_forward`
+    returns them. q, k, v have contiguous rows (head dimension stride 1); the mask is
+    `flash_launch._mask_args`'s."""
+    dropout = dropout_p > 0
+    key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
+           dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
+
+    def build():
+        B, H, n_q, head_dim = q.shape
+        n_k, group = k.shape[2], H // k.shape[1]
+        config = _config("forward", n_q, n_k, q.device)
+        out_strides = (H * n_q * head_dim, n_q * head_dim, head_dim)        # O is allocated contiguous
+        grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
+        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides,
+                H, B * H, n_q, n_k, head_dim, group)
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
+                         **config.kwargs())
+        return grid, ints, constants, (B, H, n_q)
+
+    grid, ints, constants, lse_shape = _plan(key, build)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    kernel_for(small_forward_kernel, q.device)[grid](q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p,
+                                                      **constants)
+    return out, lse
+
+
+def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
+                   is_causal, scale, input_precision):
+    """The small backward, one launch: (dq, dk, dv). Inputs as `small_forward`'s, plus O, its
+    contiguous (B, H, Nq) L, and dO (contiguous rows)."""
+    dropout = dropout_p > 0
+    # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
+           dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, dropout, is_causal,
+           input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
+
+    def build():
+        B, H, n_q, head_dim = q.shape
+        H_kv, n_k = k.shape[1], k.shape[2]
+        config = _config("backward", n_q, n_k, q.device)
+        grid = (-(-B * H_kv // config.heads),)
+        ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
+            s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
+                                                                                H // H_kv)
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
+                         **config.kwargs())
+        return grid, ints, constants
+
+    grid, ints, constants = _plan(key, build)
+    kernel_for(small_backward_kernel, q.device)[grid](q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints,
+                                                       scale * LOG2E, scale, seed, dropout_p, **constants)
+    return dq, dk, dv
+
+
+def _config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
+    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device)

@@ -1,0 +1,421 @@
+"""GPU session for routing-model sizes (issue 19): flashlab's small-sequence path
+(flashlab/flash_small.py) against the general kernels and PyTorch's SDPA backends, timed
+eagerly and as CUDA-graph replays, and in the TSP Attention Model's training step.
+
+    PYTHONPATH=. python -m measurements.small_graphs OUT_DIR          # one H200, ≤ 5 minutes
+    PYTHONPATH=. python -m measurements.small_graphs OUT_DIR --smoke  # CPU, tiny sizes, < 1 minute
+
+Writes OUT_DIR/small_graphs.json after every section (a crash keeps what was measured).
+Sections, in order of importance; once BUDGET_S seconds have passed, the remaining sections
+(and the remaining rows of a running one) are recorded as skipped:
+  correctness  the small path (and the general path just above its limit) vs float64:
+               out, dQ, dK, dV relative errors, bf16/fp16/fp32, D 16/64, causal and full
+  table        B=512, H=8, N 20/50/100/128/1000, D 16/64, bf16: forward and forward+backward,
+               ms, eager and CUDA-graph replay (the kernels' time without the CPU), for
+               flashlab, flashlab with FLASHLAB_SMALL_PATH=0 (the general kernels: "before"),
+               SDPA FLASH_ATTENTION / EFFICIENT_ATTENTION / CUDNN_ATTENTION (refusals recorded);
+               per row flashlab / fastest SDPA (target ≤ 1.1)
+  tsp_encoder  the Attention Model's encoder (embed 128, 8 heads, 3 layers) training step:
+               forward + backward + Adam, batch 512, 20/50/100 nodes, flashlab vs SDPA's
+               default dispatch, ms/step (target: flashlab ≥ 1.1× faster)
+  tsp_train    the whole REINFORCE step (encoder, sampled decoder rollout with gradients,
+               greedy baseline rollout, Adam) at Kool et al.'s batch 512, TSP20 and TSP50:
+               steps/s with the small path off and on
+  choices      the small kernels' launch choices (BLOCK_M, heads per program, warps) at
+               D = 16, N 20/50/100, by CUDA-graph replay time: which default to ship
+Autotuning is off (FLASHLAB_AUTOTUNE=0: each kernel's default configuration), so the run
+fits its budget and every number comes from a known configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+BUDGET_S = 290.0
+
+SIZES = {
+    False: dict(correct_bh=(4, 4), correct_n=[1, 2, 17, 20, 50, 64, 100, 128], correct_d=[16, 64],
+                table_bh=(512, 8), table_n=[20, 50, 100, 128, 1000], table_d=[16, 64],
+                tsp_batch=512, tsp_nodes=[20, 50, 100], train_nodes=[20, 50], train_steps=3,
+                choice_n=[20, 50, 100], warmup_ms=10, rep_ms=40, cpu_runs=5),
+    True: dict(correct_bh=(1, 2), correct_n=[1, 17, 20], correct_d=[16],
+               table_bh=(2, 2), table_n=[20, 40], table_d=[16],
+               tsp_batch=1, tsp_nodes=[4], train_nodes=[3], train_steps=1,
+               choice_n=[20], warmup_ms=1, rep_ms=1, cpu_runs=1),
+}
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.start, self.seconds = time.time(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - self.start)
+
+    def over(self) -> bool:
+        return self.left() <= 0
+
+
+@contextlib.contextmanager
+def small_path(on: bool):
+    """FLASHLAB_SMALL_PATH for the duration (read by flashlab on every call)."""
+    before = os.environ.get("FLASHLAB_SMALL_PATH")
+    os.environ["FLASHLAB_SMALL_PATH"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FLASHLAB_SMALL_PATH"]
+        else:
+            os.environ["FLASHLAB_SMALL_PATH"] = before
+
+
+def log(message: str) -> None:
+    print(f"[small_graphs] {message}", flush=True)
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+def eager_ms(fn, device, size) -> float:
+    from flashlab.timing import time_ms
+    return time_ms(fn, device, size["warmup_ms"], size["rep_ms"], cpu_runs=size["cpu_runs"])
+
+
+def graph_ms(fn, device, size):
+    """Replay time of ``fn`` captured in a CUDA graph (three warm-up calls on a side stream
+    first, as torch.cuda.graphs recommends); a string saying why not where it cannot be."""
+    if device != "cuda":
+        return "CUDA graphs need a CUDA GPU"
+    from flashlab.timing import time_ms
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = time_ms(graph.replay, "cuda", size["warmup_ms"], size["rep_ms"])
+    del graph
+    return ms
+
+
+def _refusal(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+
+
+# -- a. correctness -----------------------------------------------------------------------------
+
+def correctness(device, size, budget) -> dict:
+    from flashlab import flash_small, reference_attention, reference_gradients, rel_error
+    from flashlab.flash_attention import attention
+    from flashlab.reference import TOLERANCE
+    dtypes = [torch.bfloat16, torch.float16, torch.float32] if device == "cuda" else [torch.float32]
+    B, H = size["correct_bh"]
+    rows, skipped = [], 0
+    for dtype in dtypes:
+        for D in size["correct_d"]:
+            limit = flash_small.max_keys(D, dtype)
+            # bf16 over the whole list; fp16 and fp32 (no dtype-specific code in the kernels) a subset
+            # and the general path just above the limit (bf16): every compile costs a second or two
+            ns = [*size["correct_n"], limit + 1] if dtype == torch.bfloat16 or device != "cuda" else [17, 100]
+            for N in ns:
+                for is_causal in (False, True):
+                    if budget.over():
+                        skipped += 1
+                        continue
+                    q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True)
+                               for _ in range(3))
+                    out = attention(q, k, v, is_causal=is_causal, exact_fp32=True)
+                    grad = torch.randn_like(out)
+                    out.backward(grad)
+                    ref = reference_attention(q, k, v, None, is_causal)
+                    dq, dk, dv = reference_gradients(q, k, v, grad, None, is_causal)
+                    errors = {name: rel_error(got, want) for name, got, want in
+                              (("out", out, ref), ("dq", q.grad, dq), ("dk", k.grad, dk), ("dv", v.grad, dv))}
+                    tol = TOLERANCE[dtype]
+                    rows.append({"dtype": str(dtype), "D": D, "N": N, "causal": is_causal,
+                                 "path": "small" if flash_small.applies(N, N, D, dtype, "cuda") else "general",
+                                 "errors": errors, "tolerance": tol,
+                                 "ok": all(e <= tol for e in errors.values())})
+    bad = [r for r in rows if not r["ok"]]
+    log(f"correctness: {len(rows) - len(bad)}/{len(rows)} within tolerance"
+        + (f", {skipped} skipped" if skipped else ""))
+    return {"rows": rows, "all_ok": not bad, "skipped_rows": skipped}
+
+
+# -- b. the table ---------------------------------------------------------------------------------
+
+def _implementations(device):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashlab.flash_attention import attention
+
+    def sdpa(backend):
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return run
+
+    return {"flashlab": (attention, True), "flashlab_general": (attention, False),
+            "sdpa_flash": (sdpa(SDPBackend.FLASH_ATTENTION), None),
+            "sdpa_efficient": (sdpa(SDPBackend.EFFICIENT_ATTENTION), None),
+            "sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), None)}
+
+
+def _time_attention(fn, q, k, v, grad, device, size) -> dict:
+    """fwd and fwd+bwd, eager and graph replay, for one implementation and shape."""
+    def forward():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    def forward_backward():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(grad)
+
+    result = {}
+    for mode, step in (("fwd", forward), ("fwd+bwd", forward_backward)):
+        for how, timer in (("eager", eager_ms), ("graph", graph_ms)):
+            try:
+                result[f"{mode}_{how}_ms"] = timer(step, device, size)
+            except Exception as exc:                 # a backend that refuses the shape, or a failure
+                result[f"{mode}_{how}_ms"] = _refusal(exc)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+    return result
+
+
+def table(device, size, budget) -> dict:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    B, H = size["table_bh"]
+    rows, skipped = [], []
+    for D in size["table_d"]:
+        for N in size["table_n"]:
+            if budget.over():
+                skipped.append({"N": N, "D": D})
+                continue
+            q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+            grad = torch.randn_like(q)
+            row = {"B": B, "H": H, "N": N, "D": D, "dtype": str(dtype)}
+            for name, (fn, small) in _implementations(device).items():
+                with small_path(small if small is not None else True):
+                    row[name] = _time_attention(fn, q, k, v, grad, device, size)
+            for mode in ("fwd_eager", "fwd_graph", "fwd+bwd_eager", "fwd+bwd_graph"):
+                sdpa = [row[n][f"{mode}_ms"] for n in row if n.startswith("sdpa")
+                        if isinstance(row[n][f"{mode}_ms"], float)]
+                ours = row["flashlab"][f"{mode}_ms"]
+                if sdpa and isinstance(ours, float):
+                    row[f"ratio_{mode}"] = ours / min(sdpa)        # flashlab / fastest SDPA; target ≤ 1.1
+            rows.append(row)
+            log(f"table N={N} D={D}: " + ", ".join(f"{m} {row.get('ratio_' + m, float('nan')):.2f}×"
+                                                      for m in ("fwd_graph", "fwd+bwd_graph", "fwd+bwd_eager")))
+    return {"rows": rows, "skipped_rows": skipped, "target_ratio": 1.1}
+
+
+# -- c. TSP -------------------------------------------------------------------------------------
+
+def _autocast(device):
+    return torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+
+
+def tsp_encoder(device, size, budget) -> dict:
+    from flashlab.flash_attention import attention
+    from flashlab.tsp import AttentionModel, random_instances
+    rows, skipped = [], []
+    for n in size["tsp_nodes"]:
+        if budget.over():
+            skipped.append(n)
+            continue
+        coords = random_instances(size["tsp_batch"], n, seed=n, device=device)
+        row = {"nodes": n, "instances": size["tsp_batch"], "dtype": "bf16 autocast" if device == "cuda" else "fp32"}
+        for name, fn in (("flashlab", attention), ("sdpa", F.scaled_dot_product_attention)):
+            torch.manual_seed(0)
+            model = AttentionModel(attention_fn=fn).to(device)
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+            def step(model=model, optimizer=optimizer):
+                optimizer.zero_grad(set_to_none=True)
+                with _autocast(device):
+                    out = model.encode(coords)
+                out.float().square().mean().backward()
+                optimizer.step()
+            try:
+                row[f"{name}_ms_per_step"] = eager_ms(step, device, size)
+            except Exception as exc:
+                row[f"{name}_ms_per_step"] = _refusal(exc)
+        if all(isinstance(row[f"{x}_ms_per_step"], float) for x in ("flashlab", "sdpa")):
+            row["speedup_vs_sdpa"] = row["sdpa_ms_per_step"] / row["flashlab_ms_per_step"]   # target ≥ 1.1
+        rows.append(row)
+        log(f"tsp_encoder n={n}: flashlab {row['flashlab_ms_per_step']} ms, sdpa {row['sdpa_ms_per_step']} ms")
+    return {"rows": rows, "skipped_nodes": skipped, "target_speedup": 1.1,
+            "what": "encoder forward + squared-output loss + backward + Adam step, eager"}
+
+
+def tsp_train(device, size, budget) -> dict:
+    from flashlab.flash_attention import attention
+    from flashlab.tsp import AttentionModel, random_instances, tour_length
+    rows, skipped = [], []
+    for n in size["train_nodes"]:
+        for on in (False, True):
+            if budget.over():
+                skipped.append({"nodes": n, "small_path": on})
+                continue
+            torch.manual_seed(0)
+            model = AttentionModel(attention_fn=attention).to(device)
+            baseline = copy.deepcopy(model).eval()
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+            coords = random_instances(size["tsp_batch"], n, seed=n, device=device)
+
+            def step():
+                with torch.no_grad(), _autocast(device):
+                    base_lengths = tour_length(coords, baseline(coords, "greedy")[0])     # rollout baseline
+                optimizer.zero_grad(set_to_none=True)
+                with _autocast(device):
+                    tours, log_p = model(coords, "sample")
+                loss = ((tour_length(coords, tours) - base_lengths) * log_p.float()).mean()   # REINFORCE
+                loss.backward()
+                optimizer.step()
+            with small_path(on):
+                step()                                        # warm-up: compiles, allocator
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(size["train_steps"]):
+                    step()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds = (time.perf_counter() - start) / size["train_steps"]
+            rows.append({"nodes": n, "instances": size["tsp_batch"], "small_path": on,
+                         "steps_per_s": 1 / seconds, "ms_per_step": seconds * 1e3})
+            log(f"tsp_train n={n} small_path={on}: {1 / seconds:.2f} steps/s")
+    return {"rows": rows, "skipped": skipped,
+            "what": "greedy baseline rollout (no grad) + sampled rollout with grad + REINFORCE loss + backward + Adam"}
+
+
+# -- choices of the small kernels ---------------------------------------------------------------
+
+FORWARD_CHOICES = [(16, 1, 4), (32, 1, 4), (64, 1, 4), (128, 1, 4), (32, 2, 4), (32, 4, 4), (16, 4, 2), (64, 1, 8)]
+BACKWARD_CHOICES = [(16, 1, 4), (32, 1, 4), (64, 1, 4), (128, 1, 8), (32, 2, 4), (32, 1, 8), (16, 1, 2), (64, 1, 8)]
+
+
+def choices(device, size, budget) -> dict:
+    from flashlab import flash_small
+    from flashlab.flash_attention import attention
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    B, H = size["table_bh"]
+    D = 16
+    rows, skipped = [], []
+    timer = graph_ms if device == "cuda" else eager_ms
+    for N in size["choice_n"]:
+        q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn_like(q)
+        out = attention(q, k, v).detach()
+
+        def forward():
+            with torch.no_grad():
+                attention(q, k, v)
+
+        def forward_backward():
+            q.grad = k.grad = v.grad = None
+            attention(q, k, v).backward(grad)
+
+        width = flash_small._pow2(N)
+        for kernel, options, fn in (("forward", FORWARD_CHOICES, forward),
+                                    ("backward", BACKWARD_CHOICES, forward_backward)):
+            default = flash_small.default_config(kernel, N, N, torch.device(device))
+            for block_m, heads, warps in options:
+                if block_m > width:
+                    continue
+                if budget.over():
+                    skipped.append({"N": N, "kernel": kernel, "config": [block_m, heads, warps]})
+                    continue
+                config = flash_small.SmallConfig(block_m, heads, warps)
+                try:
+                    with flash_small.force(**{kernel: config}):
+                        if kernel == "forward":
+                            with torch.no_grad():
+                                diff = attention(q, k, v).float() - out.float()
+                            error = diff.norm().item() / out.float().norm().item()
+                        else:
+                            error = None
+                        ms = timer(fn, device, size)
+                except Exception as exc:
+                    ms, error = _refusal(exc), None
+                rows.append({"N": N, "D": D, "kernel": kernel, "config": str(config), "default": config == default,
+                             "ms": ms, "what": "fwd" if kernel == "forward" else "fwd+bwd (default forward)",
+                             "forward_rel_diff_vs_default": error})
+        best = {}
+        for r in rows:
+            if r["N"] == N and isinstance(r["ms"], float):
+                if r["kernel"] not in best or r["ms"] < best[r["kernel"]]["ms"]:
+                    best[r["kernel"]] = r
+        log(f"choices N={N}: " + ", ".join(f"{kern} best {r['config']} {r['ms']:.4f} ms" for kern, r in best.items()))
+    return {"rows": rows, "skipped": skipped, "timer": "CUDA graph replay" if device == "cuda" else "eager (CPU)"}
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+SECTIONS = [("correctness", correctness), ("table", table), ("tsp_encoder", tsp_encoder),
+            ("tsp_train", tsp_train), ("choices", choices)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="folder for small_graphs.json")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: proves the script runs (< 1 minute)")
+    args = parser.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no CUDA GPU: run with --smoke on a CPU")
+    os.environ["FLASHLAB_AUTOTUNE"] = "0"
+    device = "cpu" if args.smoke else "cuda"
+    if device == "cpu":
+        torch.set_num_threads(min(4, os.cpu_count() or 1))
+    size = SIZES[args.smoke]
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "small_graphs.json"
+    from flashlab.recorded import environment
+    budget = Budget(BUDGET_S if not args.smoke else 50.0)
+    result = {"environment": environment(), "smoke": args.smoke, "budget_s": budget.seconds,
+              "autotune": "off (FLASHLAB_AUTOTUNE=0)", "sizes": size, "sections": {}}
+
+    def save():
+        result["elapsed_s"] = round(time.time() - budget.start, 1)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=1, default=str))
+        tmp.replace(path)
+
+    for name, section in SECTIONS:
+        if budget.over():
+            result["sections"][name] = {"skipped": f"time budget of {budget.seconds:.0f} s spent"}
+            log(f"{name}: skipped (budget)")
+            save()
+            continue
+        log(f"{name} (t = {time.time() - budget.start:.0f} s)")
+        torch.manual_seed(0)
+        try:
+            result["sections"][name] = section(device, size, budget)
+        except Exception as exc:
+            result["sections"][name] = {"error": _refusal(exc), "traceback": traceback.format_exc()[-2000:]}
+            log(f"{name}: FAILED {_refusal(exc)}")
+        save()
+    log(f"wrote {path} in {time.time() - budget.start:.0f} s")
+    failed = [n for n, s in result["sections"].items() if "error" in s]
+    wrong = not result["sections"].get("correctness", {}).get("all_ok", True)
+    return 1 if failed or wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

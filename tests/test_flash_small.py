@@ -1,0 +1,204 @@
+"""flashlab.flash_small: the one-tile path for short sequences (Nq, Nk ≤ max_keys(D, dtype)),
+forward and its single backward launch, against float64; and which calls take it.
+
+On a CPU the kernels run in Triton's interpreter (fp32; fp16 computed in fp32 there); the
+same tests run compiled on a GPU, where bf16 is checked too."""
+
+import pytest
+import torch
+
+from flashlab import assert_close, flash_small, reference_attention, reference_gradients
+from flashlab.flash_attention import attention
+from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture
+def paths(monkeypatch):
+    """Counts the small path's launches: {"forward": n, "backward": n}; the path switched on
+    (FLASHLAB_SMALL_PATH=1: on a GPU it is off by default until measured)."""
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "1")
+    calls = {"forward": 0, "backward": 0}
+    for name in calls:
+        original = getattr(flash_small, f"small_{name}")
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(flash_small, f"small_{name}", counted)
+    return calls
+
+
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype=torch.float32, attn_mask=None, dropout_p=0.0):
+    """flashlab.attention's output and gradients vs float64 (GQA: k/v heads shared)."""
+    q = torch.randn(B, H, Nq, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(B, H_kv, Nk, D, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
+    rng = torch.random.get_rng_state()
+    out = attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=H != H_kv,
+                    exact_fp32=True)
+    keep = None
+    if dropout_p:  # the seed the call drew, replayed: the kernels' own mask Z
+        torch.random.set_rng_state(rng)
+        keep = dropout_keep_mask(draw_dropout_seed(), B, H, Nq, Nk, dropout_p, device=DEVICE)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    group = H // H_kv
+    k_full, v_full = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    drop = dict(dropout_p=dropout_p, dropout_keep=keep)
+    assert_close(out, reference_attention(q, k_full, v_full, attn_mask, is_causal, **drop), tol=TOL[dtype])
+    dq, dk, dv = reference_gradients(q, k_full, v_full, grad_out, attn_mask, is_causal, **drop)
+    dk = dk.view(B, H_kv, group, Nk, D).sum(2)
+    dv = dv.view(B, H_kv, group, Nk, D).sum(2)
+    for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), (dq, dk, dv)):
+        assert_close(got, want, tol=TOL[dtype], what=f"d{name}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("N,D", [(1, 16), (2, 32), (17, 64), (20, 16), (50, 32), (64, 64), (100, 16), (128, 32)])
+def test_small_path_matches_float64(N, D, is_causal, paths):
+    _check(2, 2, 2, N, N, D, is_causal)
+    assert paths == {"forward": 1, "backward": 1}, "one forward launch and one backward launch"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gqa_cross_lengths_and_half_precision(is_causal, paths):
+    """GQA (each program sums dK, dV over its k/v head's q heads), Nq ≠ Nk, fp16."""
+    _check(2, 4, 2, 9, 33, 16, is_causal)
+    _check(1, 4, 1, 40, 20, 32, is_causal, dtype=torch.float16)
+    assert paths == {"forward": 2, "backward": 2}
+
+
+def test_masks_and_dropout(paths):
+    """A key-padding mask, a float mask, and dropout with the general kernels' Philox mask."""
+    _check(2, 2, 2, 20, 20, 16, False, attn_mask=torch.rand(2, 1, 1, 20, device=DEVICE) > 0.3)
+    _check(1, 2, 2, 20, 30, 16, False, attn_mask=torch.randn(1, 2, 20, 30, device=DEVICE))
+    _check(2, 2, 2, 20, 20, 16, True, dropout_p=0.3)
+    assert paths == {"forward": 3, "backward": 3}
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_query_blocks_and_heads_per_program(is_causal, paths):
+    """Configurations the GPU defaults or the GPU script use: several query blocks per head
+    (BLOCK_M < N), several heads per program with B·H not a multiple of them (the last
+    program's extra heads must write nothing)."""
+    forced = dict(forward=flash_small.SmallConfig(16, heads=3), backward=flash_small.SmallConfig(16, heads=3))
+    with flash_small.force(**forced):
+        _check(1, 4, 4, 50, 50, 16, is_causal)
+        _check(1, 4, 2, 37, 37, 32, is_causal)
+    assert paths == {"forward": 2, "backward": 2}
+
+
+def test_just_above_the_limit_takes_the_general_path(paths):
+    limit = flash_small.max_keys(16, torch.float32)
+    _check(1, 2, 2, limit + 1, 20, 16, True)            # Nq over
+    _check(1, 2, 2, 20, limit + 1, 16, False)           # Nk over
+    assert paths == {"forward": 0, "backward": 0}
+
+
+def test_switched_off_by_the_environment(monkeypatch, paths):
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "0")
+    assert not flash_small.applies(20, 20, 16, torch.bfloat16)
+    _check(2, 2, 2, 20, 20, 16, False)
+    assert paths == {"forward": 0, "backward": 0}
+
+
+def test_the_limits_per_head_dim_and_dtype(monkeypatch):
+    """Keys × padded D held on chip: 8192 elements for 2-byte inputs, 4096 for fp32, at most
+    128 keys; never for D > 128."""
+    monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
+    expected = {(16, torch.bfloat16): 128, (32, torch.float16): 128, (64, torch.bfloat16): 128,
+                (80, torch.bfloat16): 64, (128, torch.bfloat16): 64, (16, torch.float32): 128,
+                (32, torch.float32): 128, (64, torch.float32): 64, (128, torch.float32): 32,
+                (160, torch.bfloat16): 0, (256, torch.float32): 0}
+    assert {key: flash_small.max_keys(*key) for key in expected} == expected
+    assert flash_small.applies(128, 128, 16, torch.bfloat16)
+    assert not flash_small.applies(129, 20, 16, torch.bfloat16)
+    assert not flash_small.applies(20, 129, 16, torch.bfloat16)
+    assert not flash_small.applies(100, 100, 64, torch.float32)
+
+
+def test_unset_means_on_for_cpu_and_the_measured_default_on_gpu(monkeypatch):
+    monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
+    monkeypatch.setattr(flash_small, "ON_BY_DEFAULT_ON_GPU", False)
+    assert flash_small.applies(20, 20, 16, torch.bfloat16, "cpu")
+    assert not flash_small.applies(20, 20, 16, torch.bfloat16, "cuda")
+    monkeypatch.setattr(flash_small, "ON_BY_DEFAULT_ON_GPU", True)
+    assert flash_small.applies(20, 20, 16, torch.bfloat16, "cuda")
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "0")
+    assert not flash_small.applies(20, 20, 16, torch.bfloat16, "cpu")
+
+
+def test_default_configurations():
+    """GPU: score tiles of at most 64 × 128 (forward) and 32 × 128 (backward), whole short
+    sequences in one step; the interpreter: always the whole sequence."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert flash_small.default_config("forward", 20, 20, cuda) == flash_small.SmallConfig(32)
+    assert flash_small.default_config("forward", 128, 128, cuda) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 128, 128, cuda) == flash_small.SmallConfig(32)
+    assert flash_small.default_config("backward", 50, 50, cuda) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 1, 100, cuda) == flash_small.SmallConfig(16)
+    assert flash_small.default_config("backward", 128, 128, cpu) == flash_small.SmallConfig(128)
+    with pytest.raises(ValueError, match="unknown kernels"):
+        with flash_small.force(dq=flash_small.SmallConfig(16)):
+            pass
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("N", [50, 300])            # the small path, and the general kernels
+def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
+    """A CUDA graph of forward+backward, captured after warm-up (torch.cuda.graph), replayed
+    on new inputs copied into its static tensors, gives the eager results: no host
+    synchronisation, no per-call device tensors from Python. (The tuner's part, launching
+    nothing inside a capture, is tests/test_autotune.py's; tuning here would take a minute.)"""
+    monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "1")
+    B, H, D, dtype = 4, 4, 16, torch.bfloat16
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(B, H, N, D, device="cuda", dtype=dtype)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        out = attention(q, k, v, is_causal=True)
+        out.backward(grad)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(2):
+        with torch.no_grad():
+            for t in (q, k, v, grad):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = (static_out.clone(), q.grad.clone(), k.grad.clone(), v.grad.clone())
+        want = (step().detach(), q.grad, k.grad, v.grad)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            assert_close(a, b, tol=TOL[dtype], what=f"graph replay {name}")
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
+def test_make_graphed_callables_on_a_module():
+    """torch.cuda.make_graphed_callables over an attention module (forward and backward graphs)."""
+    from flashlab.flash_attention import MultiHeadAttention
+    module = MultiHeadAttention(128, 8).cuda()
+    x = torch.randn(64, 50, 128, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(module, (x,))
+    for _ in range(2):
+        x_new = torch.randn_like(x, requires_grad=True)
+        out = graphed(x_new)
+        out.square().sum().backward()
+        x_eager = x_new.detach().clone().requires_grad_()
+        want = module(x_eager)
+        want.square().sum().backward()
+        assert_close(out, want, tol=TOL[torch.float32] * 100, what="graphed output")
+        assert_close(x_new.grad, x_eager.grad, tol=TOL[torch.float32] * 100, what="graphed dx")
