@@ -5,7 +5,9 @@
                     FlexAttention: forward, backward, forward+backward, TFLOP/s, extra memory
   train             train the causal transformer on associative recall (flashlab.train):
                     one option per field of RecallConfig (the task and model) and RunConfig
-                    (optimisation and bookkeeping), e.g. --precision bf16-mixed
+                    (optimisation and bookkeeping), e.g. --precision bf16-mixed; with
+                    --task documents on documents of random lengths, --packing packed or
+                    padded (flashlab.documents_train, DocumentsConfig)
   train-tsp         train the TSP Attention Model with REINFORCE (flashlab.tsp_train): one
                     option per field of TSPConfig and RunConfig; exports am_tspN.pt to --out-dir
   tune              tune the attention kernels for a list of shapes ahead of training
@@ -92,11 +94,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_config_options(parser, config) -> None:
+def _add_config_options(parser, config, skip=()) -> None:
     """One option per field of the config dataclass instance ``config``: typed, ranged,
-    defaulted from it, with its help line (choices and range included)."""
+    defaulted from it, with its help line (choices and range included). Fields named in
+    ``skip`` already have their option (from another config that declares them alike)."""
     group = parser.add_argument_group(type(config).__name__)
     for f in dataclasses.fields(config):
+        if f.name in skip:
+            continue
         meta, default, kind = f.metadata, getattr(config, f.name), field_kind(f)
         extra = [f"default: {default}"]
         if describe_range(meta):
@@ -214,10 +219,32 @@ def _bench_attention(args) -> None:
 
 
 # ---------------------------------------------------------------- train, train-tsp
+TASKS = {"recall": ("flashlab.train", "RecallConfig", "Trainer", "lm-training-state"),
+         "documents": ("flashlab.documents_train", "DocumentsConfig", "DocumentsTrainer", "documents-training-state")}
+
+
+def _task_classes(task: str):
+    """(config class, trainer class) of ``train --task``."""
+    import importlib
+    module_name, config_name, trainer_name, _ = TASKS[task]
+    module = importlib.import_module(module_name)
+    return getattr(module, config_name), getattr(module, trainer_name)
+
+
+def _field_names(config_class) -> set[str]:
+    return {f.name for f in dataclasses.fields(config_class)}
+
+
 def _train_options(p) -> None:
+    from .documents_train import DocumentsConfig
     from .train import RecallConfig, RunConfig
 
+    p.add_argument("--task", choices=tuple(TASKS), default="recall",
+                   help="recall: associative recall (RecallConfig); documents: documents of random lengths, packed "
+                        "or padded (DocumentsConfig: its own options below, and the model options of RecallConfig "
+                        "they share). Default recall; on resume, the checkpoint's task")
     _add_config_options(p, RecallConfig())
+    _add_config_options(p, DocumentsConfig(), skip=_field_names(RecallConfig))
     _add_config_options(p, RunConfig())
 
 
@@ -258,13 +285,35 @@ def _build_trainer(trainer_class, args, task, run):
     return trainer_class(task, run)
 
 
-def _train(args) -> None:
-    from .train import RecallConfig, RunConfig, Trainer
+def _chosen_task(args) -> str:
+    """``--task``, or on resume without it the task the checkpoint was trained on."""
+    if "task" in args.given or not args.resume:
+        return args.task
+    from . import checkpoint
+    _existing_file("--resume", args.resume)
+    kind = checkpoint.load(args.resume).kind
+    return next((task for task, spec in TASKS.items() if spec[3] == kind), args.task)
 
-    trainer = _build_trainer(Trainer, args, _config_from(args, RecallConfig()), _config_from(args, RunConfig()))
+
+def _train(args) -> None:
+    from .train import RunConfig
+
+    task = _chosen_task(args)
+    config_class, trainer_class = _task_classes(task)
+    others = set().union(*(_field_names(_task_classes(t)[0]) for t in TASKS if t != task)) - _field_names(config_class)
+    stray = sorted(others & args.given)
+    if stray:
+        raise UsageError(f"{_flag(stray[0])}: is not a setting of --task {task}; leave it out, or give the --task it "
+                         f"belongs to (see --help).")
+    trainer = _build_trainer(trainer_class, args, _config_from(args, config_class()), _config_from(args, RunConfig()))
     history = trainer.fit()
     if trainer.rank == 0:
         last = history[-1] if history else {}
+        if task == "documents":
+            print(f"steps {trainer.step}, skipped {trainer.skipped_steps}, {trainer.task_config.packing}, last loss "
+                  f"{last.get('loss', float('nan')):.4f}, {last.get('tokens_per_s', float('nan')):.0f} real tokens/s, "
+                  f"next-token accuracy (held-out) {trainer.evaluate():.3f}")
+            return
         print(f"steps {trainer.step}, skipped {trainer.skipped_steps}, last loss {last.get('loss', float('nan')):.4f}, "
               f"recall accuracy (held-out) {trainer.evaluate():.3f}")
 
@@ -343,7 +392,8 @@ COMMANDS = [
     Command("bench-softmax", "benchmark the fused softmax", _softmax_options, _bench_softmax),
     Command("bench", "benchmark attention: flashlab, naive, every SDPA backend, FlexAttention",
             _attention_bench_options, _bench_attention, aliases=("bench-attention",)),
-    Command("train", "train the causal transformer on associative recall (flashlab.train)", _train_options, _train),
+    Command("train", "train the causal transformer on associative recall (flashlab.train), or with --task documents "
+                     "on packed or padded documents (flashlab.documents_train)", _train_options, _train),
     Command("train-tsp", "train the TSP Attention Model (REINFORCE; flashlab.tsp_train)", _tsp_train_options,
             _train_tsp),
     Command("eval-tsp", "evaluate a TSP Attention Model checkpoint", _eval_tsp_options, _eval_tsp,

@@ -260,13 +260,16 @@ def _bucket(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def shape_key(kernel, q, k, is_causal, has_mask, dropout) -> tuple:
+def shape_key(kernel, q, k, is_causal, has_mask, dropout, window=False) -> tuple:
     """What a tuning result is remembered under: everything that changes the compiled kernel or
-    the amount of work per program (dtype, D, masks, GQA group) and N, Nk, B·H bucketed.
-    Built on every call, so kept cheap (no string formatting: small shapes are launch-bound)."""
+    the amount of work per program (dtype, D, masks, a sliding window, GQA group) and N, Nk,
+    B·H bucketed. Built on every call, so kept cheap (no string formatting: small shapes are
+    launch-bound). A window adds a last entry, "window", so keys without one (and the shipped
+    decisions, stored under them) stay as they were."""
     B, H, n_q, head_dim = q.shape
-    return (kernel, q.device, q.dtype, head_dim, bool(is_causal), bool(has_mask), bool(dropout),
-            H // k.shape[1], _bucket(n_q), _bucket(k.shape[2]), _bucket(B * H))
+    key = (kernel, q.device, q.dtype, head_dim, bool(is_causal), bool(has_mask), bool(dropout),
+           H // k.shape[1], _bucket(n_q), _bucket(k.shape[2]), _bucket(B * H))
+    return (*key, "window") if window else key
 
 
 # -- the decision ------------------------------------------------------------------------------

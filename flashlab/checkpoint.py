@@ -38,6 +38,7 @@ KINDS = {
     "lm-model": "a language model's weights and configuration",
     "tsp-model": "a TSP Attention Model's weights and architecture (what eval-tsp reads)",
     "tsp-training-state": "everything `python -m flashlab train-tsp --resume` needs (with the baseline)",
+    "documents-training-state": "everything `python -m flashlab train --task documents --resume` needs",
 }
 WRITE_CHUNK = 1 << 20          # bytes per write() call while saving
 

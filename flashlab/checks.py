@@ -127,6 +127,15 @@ def check_attention_inputs(
                   "Use size 1 for dimensions the mask shares, e.g. (B, 1, 1, Nk) for key padding.")
 
 
+def check_window(window) -> None:
+    """``window`` is None or ``(left, right)``: two integers ≥ −1 (−1: unbounded on that side)."""
+    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        _fail("window", f"expected (left, right) of integers ≥ −1, got {window!r}",
+              "E.g. window=(4096, 0) with is_causal=True: each query sees itself and the 4096 keys before it; "
+              "−1 = unbounded on that side, None = no window")
+
+
 def default_scale(head_dim: int, scale: float | None) -> float:
     """The softmax temperature: ``scale`` if given, else ``1/sqrt(D)`` as in the paper
     (1 for D = 0, where every score is 0 whatever the scale)."""

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops, runtime
-from .checks import check_attention_inputs, default_scale
-from .naive import naive_attention_unchecked
+from .checks import check_attention_inputs, check_window, default_scale
+from .naive import naive_attention_unchecked, window_band
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
 from .runtime import input_precision
 from .tiled import tiled_attention_unchecked
@@ -29,11 +29,28 @@ INTERPRETER_BLOCK = 32          # autotune.INTERPRETER's tile
 PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations, O(N·512) memory
 
 
-def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True)
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")
+    check_window(window)
+
+
+def _band_tiles(n_q: int, n_k: int, block: int, band) -> int:
+    """(query block, key block) tiles a call visits per head: all of them, or with a window
+    (`window_band`) those its band touches, as the kernels' loops bound them."""
+    n_blocks_k = math.ceil(n_k / block)
+    if band is None:
+        return math.ceil(n_q / block) * n_blocks_k
+    band_lo, band_hi = band
+    if band_lo > band_hi:
+        return 0
+    tiles = 0
+    for first in range(0, n_q, block):
+        key_first, key_end = max(0, first + band_lo), min(n_k, min(first + block, n_q) - 1 + band_hi + 1)
+        tiles += max(0, math.ceil(key_end / block) - key_first // block) if key_first < key_end else 0
+    return tiles
 
 
 def _heads(t: torch.Tensor) -> int:
@@ -45,7 +62,7 @@ def _as_4d(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if t.dim() == 4 else t.reshape(-1, heads, t.shape[-2], t.shape[-1])
 
 
-def _uses_kernels(q, k, v, attn_mask, dropout_p) -> bool:
+def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     """Kernels (compiled on CUDA, interpreted on CPU) or the PyTorch path, decided per call."""
     if q.numel() == 0 or k.shape[-2] == 0 or q.shape[-1] == 0 or v.shape[-1] == 0:
         return False                                  # empty: nothing for a kernel to do
@@ -60,22 +77,23 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p) -> bool:
         return False                                  # the kernels' RNG counter is int32
     if q.device.type == "cpu":
         batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
-        tiles = batch_heads * math.ceil(q.shape[-2] / INTERPRETER_BLOCK) * math.ceil(k.shape[-2] / INTERPRETER_BLOCK)
+        tiles = batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
         return tiles <= INTERPRETER_MAX_TILES
     return True
 
 
-def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale):
-    """The PyTorch path (any dtype, any size): tiled when no mask or dropout is involved
+def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None):
+    """The PyTorch path (any dtype, any size): tiled when no mask, dropout or window is involved
     (O(N) memory), else the einsum version (an Nq × Nk tensor per head). k and v already have
     q's heads. Dropout draws its mask with torch.nn.functional.dropout."""
-    if attn_mask is None and dropout_p == 0 and q.numel() and k.shape[-2] and q.shape[-1] and v.shape[-1]:
+    if (attn_mask is None and dropout_p == 0 and window is None and q.numel() and k.shape[-2] and q.shape[-1]
+            and v.shape[-1]):
         return tiled_attention_unchecked(q, k, v, is_causal, scale, PYTORCH_BLOCK, PYTORCH_BLOCK)
-    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p)
+    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
 
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              exact_fp32=False):
+              exact_fp32=False, window=None):
     """FlashAttention with the arguments and semantics of
     ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -97,6 +115,13 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         scale: default ``1/sqrt(D)`` (D of q and k).
         enable_gqa: grouped-query / multi-query attention.
         exact_fp32: force exact fp32 products even where torch allows TF32 (see below).
+        window: ``(left, right)``, a sliding window (not in SDPA): query i sees keys
+            i + Nk − Nq − left … i + Nk − Nq + right, −1 unbounded on that side, as in
+            `flashlab.varlen_attention` (FlashAttention's alignment, to the end of the keys).
+            ``window=(w, 0)`` with ``is_causal=True`` is a sliding window of the w keys before each
+            query and itself. With ``is_causal`` (top-left) or ``attn_mask`` too, all apply; Nq = Nk
+            makes the two alignments one. The kernels visit only the tiles the window touches
+            (forward and backward), so the work grows with w, not with Nk.
 
     Returns:
         ``(…, H, Nq, Dv)``; rows with no key to attend to give zeros and zero gradients.
@@ -113,13 +138,13 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
       ``INTERPRETER_MAX_TILES`` 32 × 32 tiles (about 15 s of interpreter per forward) takes
       the PyTorch path instead, without a warning.
     - float64, D > 256, empty inputs, no Triton installed, other devices: the PyTorch path
-      (`tiled_attention`; `naive_attention` when a mask or dropout is involved).
+      (`tiled_attention`; `naive_attention` when a mask, dropout or a window is involved).
 
     The kernels are the custom ops of `flashlab.ops`, so ``torch.compile(fullgraph=True)`` and
     ``torch.export`` capture a call as one node.
     """
-    plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32)
-    scale, dropout_p = plan.scale, plan.dropout_p
+    plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
+    scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
     if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
         k = k.expand(*q.shape[:-3], *k.shape[-3:])
         v = v.expand(*q.shape[:-3], *v.shape[-3:])
@@ -127,7 +152,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)
+        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window)
 
     q4, k4, v4, mask4 = q, k, v, attn_mask
     if plan.reshape:
@@ -143,7 +168,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         v4 = F.pad(v4, (0, plan.pad_v))
     seed = ops.draw_seed() if dropout_p > 0 else None
     precision = plan.precision or input_precision(q.dtype, q.device, exact_fp32)
-    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision)
+    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, *(window or (-1, -1)))
     wants_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
         attn_mask is not None and attn_mask.requires_grad))
     # Eager calls on real tensors skip the dispatcher (a few hundred µs of Python per forward+
@@ -172,13 +197,14 @@ class _Plan(NamedTuple):
     pad_v: int               # zero columns added to v (D > Dv)
     precision: str | None    # the kernels' products; None: decided per call (fp32 on a GPU follows torch's TF32 flag)
     eager: bool              # real tensors outside a trace: skip the dispatcher
+    window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
 
 
 _PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
 _MAX_PLANS = 4096            # emptied when full: shapes that change every call must not grow it forever
 
 
-def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32) -> _Plan:
+def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window) -> _Plan:
     """The `_Plan` of this call: looked up for eager calls whose signature was seen before
     (checks and decisions are functions of the signature), else checked and built. A training
     step calls each layer's attention with one signature, and at routing-model sizes the
@@ -187,22 +213,29 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     key = None
     if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool
             and (attn_mask is None or type(attn_mask) is torch.Tensor)
-            and type(dropout_p) in (float, int) and (scale is None or type(scale) in (float, int))):
+            and type(dropout_p) in (float, int) and (scale is None or type(scale) in (float, int))
+            and (window is None or (type(window) is tuple and all(type(w) is int for w in window)))):
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
-               dropout_p, is_causal, scale, enable_gqa, exact_fp32, INTERPRETER_MAX_TILES)
+               dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, INTERPRETER_MAX_TILES)
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
-    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
+    if window is not None:
+        window = (int(window[0]), int(window[1]))
+        if window == (-1, -1):                               # unbounded both ways: no window at all
+            window = None
+    band = None if window is None else window_band(window, is_causal, q.shape[-2], k.shape[-2])
     head_dim, value_dim = q.shape[-1], v.shape[-1]
     width = max(head_dim, value_dim)
     tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
                  expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3],
-                 kernels=_uses_kernels(q, k, v, attn_mask, float(dropout_p)),
+                 kernels=_uses_kernels(q, k, v, attn_mask, float(dropout_p), band),
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
-                 precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager)
+                 precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
+                 window=window)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()

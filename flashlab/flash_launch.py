@@ -17,6 +17,7 @@ from .flash_triton import (
     flash_backward_preprocess_kernel,
     flash_forward_kernel,
 )
+from .naive import window_band
 from .runtime import kernel_for
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -85,7 +86,17 @@ def dropout_keep_mask(seed: int, batch: int, heads: int, n_q: int, n_k: int, dro
     return keep.bool()
 
 
-def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_precision="tf32"):
+def _band_args(window, is_causal, n_q, n_k) -> tuple[bool, dict, tuple[int, int]]:
+    """(IS_CAUSAL, {HAS_WINDOW}, (band_lo, band_hi)) as the kernels take them. With a window the
+    causal mask is folded into the band (`flashlab.naive.window_band`), so the kernels have one
+    rule for which keys a query sees, and their loops visit only the band's tiles."""
+    band = window_band(window, is_causal, n_q, n_k)
+    if band is None:
+        return is_causal, {"HAS_WINDOW": False}, (0, 0)
+    return False, {"HAS_WINDOW": True}, band
+
+
+def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_precision="tf32", window=False):
     """Runs ``launch(config)`` with the configuration the autotuner picks for this shape
     (on the first call of a shape it tries every candidate, then remembers the fastest).
     Exact fp32 products ("ieee") on a GPU are not tuned: tl.dot then runs without tensor cores,
@@ -96,51 +107,63 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_prec
     configs = autotune.candidates(kernel, q.shape[-1], capability)
     if exact_fp32 and capability is not None:
         configs = [autotune.EXACT_FP32] + configs        # the rest only if it failed to compile
-    key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout)
+    key = autotune.shape_key(kernel, q, k, is_causal, has_mask, dropout, window=window)
     tune = not exact_fp32
     launch(autotune.tuner.choose(key, configs, launch, tune=tune))
 
 
-def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
+def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window=None):
     """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs).
-    On a Hopper GPU the common case goes to `flash_hopper_launch` (same L)."""
-    if q.device.type == "cuda" and flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
+    ``window``: None or ``(left, right)`` as `flashlab.attention` takes it. On a Hopper GPU the
+    common case goes to `flash_hopper_launch` (same L); sequences that fit one key tile to
+    `flash_small` (neither takes a window)."""
+    if window is not None and tuple(window) == (-1, -1):
+        window = None
+    if window is None and q.device.type == "cuda" and \
+            flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_forward(q, k, v, is_causal, scale)
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     B, H, n_q, head_dim = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
-    if flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):      # every key in one tile: one pass
+    if window is None and flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):   # one key tile
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
     out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
         kernel_for(flash_forward_kernel, q.device)[grid](
             q, k, v, mask, out, lse, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
-            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p,
+            H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p, *band,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            INPUT_PRECISION=input_precision, **_head_dim_args(head_dim), **config.kwargs())
+            INPUT_PRECISION=input_precision, **has_window, **_head_dim_args(head_dim), **config.kwargs())
         return out, lse
 
-    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch, input_precision)
+    _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch, input_precision,
+                  has_window["HAS_WINDOW"])
     return out, lse
 
 
-def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
+def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision,
+                   window=None):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
     Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L.
-    On a Hopper GPU the common case goes to `flash_hopper_launch`."""
-    if q.device.type == "cuda" and flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
+    On a Hopper GPU the common case goes to `flash_hopper_launch`, short sequences to
+    `flash_small` (neither takes a window)."""
+    if window is not None and tuple(window) == (-1, -1):
+        window = None
+    if window is None and q.device.type == "cuda" and \
+            flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
-    if flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):  # one launch, D computed in it
+    if window is None and flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):  # one launch
         return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
                                           seed, is_causal, scale, input_precision)
     head_dim_args = _head_dim_args(head_dim)
@@ -151,10 +174,11 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         BLOCK_M=rows, BLOCK_D=head_dim_args["BLOCK_D"])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+    is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                  DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **head_dim_args)
+                  DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **has_window, **head_dim_args)
     inputs = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
-    sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p)
+    sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p, *band)
 
     def launch_dkdv(config):
         kernel_for(flash_backward_dkdv_kernel, q.device)[(_cdiv(n_k, config.block_n) * B * H_kv,)](
@@ -169,6 +193,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         return (dq,)
 
     dropout = dropout_p > 0
-    _tuned_launch("dkdv", q, k, is_causal, has_mask, dropout, launch_dkdv, input_precision)
-    _tuned_launch("dq", q, k, is_causal, has_mask, dropout, launch_dq, input_precision)
+    windowed = has_window["HAS_WINDOW"]
+    _tuned_launch("dkdv", q, k, is_causal, has_mask, dropout, launch_dkdv, input_precision, windowed)
+    _tuned_launch("dq", q, k, is_causal, has_mask, dropout, launch_dq, input_precision, windowed)
     return dq, dk, dv

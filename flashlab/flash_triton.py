@@ -13,6 +13,13 @@ Forward, one program per (block of BLOCK_M queries, batch·head):
 Tiles that need no mask (whole blocks, below the causal diagonal, no attn_mask) run on an
 unchecked fast path in all three kernels; the rest are checked.
 
+Sliding windows (HAS_WINDOW): query i sees key j iff i + band_lo ≤ j ≤ i + band_hi
+(`flashlab.naive.window_band` turns attention's ``window=(left, right)`` into that band,
+causality folded in). The key
+loops of the forward and the dQ pass, and the query loop of the dK/dV pass, run only over the
+tiles the band touches; the tiles wholly inside it take the fast path, the band's two edges
+are masked, everything else is never read. The work then grows with the window, not with N.
+
 Backward:
     preprocess   D_i = rowsum(dO_i ∘ O_i)
     dK/dV pass   one program per key block (and k/v head): K_j, V_j stay on chip while all
@@ -37,7 +44,8 @@ V, the mask, L, D; the outputs where it stores them) to its own batch and head, 
 helpers then take those pointers (or pointer tiles) with the one stride they step along. Every tensor's head
 dimension is contiguous (stride 1, arranged by the launcher), and L and D are contiguous
 (B, H, Nq) tensors, so neither needs strides of its own. The key range of a query block
-(`_key_range`) is one helper shared by the forward and the dQ pass.
+(`_key_range`) is one helper shared by the forward and the dQ pass; `_query_range` is the
+dK/dV pass's.
 """
 
 from __future__ import annotations
@@ -50,20 +58,34 @@ LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x·log2 e)
 SKIPPED, MASKED, FULL = 0, 1, 2   # what the causal forward does with a (query block, key block) tile
 
 
-def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int) -> list[list[int]]:
+def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int, band=None) -> list[list[int]]:
     """For causal attention (no attn_mask), what `flash_forward_kernel` does with each
     (query block, key block) tile: SKIPPED (its loop stops before the tile), FULL (computed
     on the unchecked path: the tile ends before the block's first query and inside Nk) or
     MASKED (computed with bounds and causal masks). Rows are query blocks, columns key
     blocks. The bounds are the kernel's own (`_key_range`, which tests/test_flash_triton.py
     runs against this): ``hi = min(n_k, (start_m + 1)·BLOCK_M)`` and ``clean_hi`` = the
-    block's first query rounded down to a BLOCK_N multiple."""
+    block's first query rounded down to a BLOCK_N multiple.
+
+    With a window, ``band`` = (band_lo, band_hi) as the kernels take it (query i sees keys
+    i + band_lo … i + band_hi; `flashlab.naive.window_band` makes it from attention's
+    ``window`` and ``is_causal``): a tile is visited iff some query of the block (inside Nq)
+    sees some key of it, and FULL iff it lies inside Nk and every query of the block sees
+    every key of it."""
     plan = []
     for start_m in range(0, n_q, block_m):
         hi = min(n_k, start_m + block_m)
+        last = min(start_m + block_m, n_q) - 1
         row = []
         for start_n in range(0, n_k, block_n):
-            if start_n >= hi:
+            if band is not None:
+                band_lo, band_hi = band
+                end = min(start_n + block_n, n_k) - 1
+                seen = band_lo <= band_hi and start_n <= last + band_hi and end >= start_m + band_lo
+                whole = (start_n + block_n <= n_k and start_n >= last + band_lo
+                         and start_n + block_n - 1 <= start_m + band_hi)
+                row.append(FULL if whole else MASKED if seen else SKIPPED)
+            elif start_n >= hi:
                 row.append(SKIPPED)
             elif start_n + block_n <= start_m and start_n + block_n <= n_k:
                 row.append(FULL)
@@ -74,65 +96,122 @@ def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int) -> list[lis
 
 
 @triton.jit
-def _key_range(start_m, n_k, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The key blocks query block ``start_m`` visits, in the forward and in the dQ pass:
-    [0, clean_hi) on the unchecked fast path, [clean_hi, hi) checked, the rest skipped.
-
-    Causal: keys past the block's last query are skipped, hi = min(Nk, (start_m + 1)·BLOCK_M).
-    Fast path: whole key blocks inside Nk and (causal) entirely at or below the diagonal,
-    i.e. ending at or before the block's first query. With an attn_mask every tile is checked."""
-    hi = n_k
-    if IS_CAUSAL:
-        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
-    clean_hi = 0
-    if not HAS_MASK:
-        clean_hi = (n_k // BLOCK_N) * BLOCK_N
-        if IS_CAUSAL:
-            clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
-    return clean_hi, hi
+def clean_range(lo, hi, first_row, last_row, shift, left, right, other_len, BLOCK: tl.constexpr):
+    """[a, b): the tiles t = lo, lo + BLOCK, … < hi that need no mask: every (row, col) pair with
+    row in first_row..last_row and col in the tile lies in the band −left ≤ col − row − shift ≤ right,
+    and the tile ends inside the sequence (col < other_len). In the forward and dQ pass rows are
+    queries and tiles keys; the dK/dV pass calls it with the roles swapped (shift, left, right
+    negated and exchanged). Tiles [lo, a) and [b, hi) are masked. (Shared with
+    `flashlab.varlen_triton`.)"""
+    # col ≥ row + shift − left for the last row  ⇒  tile start ≥ last_row + shift − left
+    a = lo + tl.cdiv(tl.maximum(last_row + shift - left - lo, 0), BLOCK) * BLOCK
+    a = tl.minimum(a, tl.maximum(hi, lo))          # never past hi: [lo, a) stays inside [lo, hi)
+    # col ≤ row + shift + right for the first row, and col < other_len  ⇒  tile start ≤ last_start
+    last_start = tl.minimum(first_row + shift + right - BLOCK + 1, other_len - BLOCK)
+    b = tl.where(last_start >= a, lo + ((last_start - lo) // BLOCK + 1) * BLOCK, a)
+    return a, tl.minimum(tl.maximum(b, a), tl.maximum(hi, a))
 
 
 @triton.jit
-def _query_range(start_n, n_q, n_k, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, FAST_PATH: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks query block ``start_m`` visits, in the forward and in the dQ pass:
+    [lo, clean_lo) checked, [clean_lo, clean_hi) on the unchecked fast path, [clean_hi, hi)
+    checked, the rest skipped. Without a window lo = clean_lo = 0.
+
+    Causal: keys past the block's last query are skipped, hi = min(Nk, (start_m + 1)·BLOCK_M).
+    Fast path: whole key blocks inside Nk and (causal) entirely at or below the diagonal,
+    i.e. ending at or before the block's first query. With an attn_mask every tile is checked.
+
+    Window (causality folded into the band by the launcher, IS_CAUSAL False): the block's
+    queries first..last (inside Nq) see keys first + band_lo … last + band_hi, so lo is that
+    first key's tile and hi one past the last key; an empty band visits nothing. The fast
+    path is `clean_range`'s: tiles every query of the block sees whole."""
+    if HAS_WINDOW:
+        first = start_m * BLOCK_M
+        last = tl.minimum(first + BLOCK_M, n_q) - 1
+        key_first = tl.maximum(0, first + band_lo)
+        key_end = tl.minimum(n_k, last + band_hi + 1)
+        lo = (key_first // BLOCK_N) * BLOCK_N
+        hi = tl.where((key_first < key_end) & (band_lo <= band_hi), key_end, lo)
+        clean_lo, clean_hi = clean_range(lo, hi, first, last, 0, -band_lo, band_hi, n_k, BLOCK_N)
+        if HAS_MASK:
+            clean_lo = hi
+            clean_hi = hi
+    else:
+        lo = 0
+        hi = n_k
+        if IS_CAUSAL:
+            hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
+        clean_lo = 0
+        clean_hi = 0
+        if not HAS_MASK:
+            clean_hi = (n_k // BLOCK_N) * BLOCK_N
+            if IS_CAUSAL:
+                clean_hi = tl.minimum(clean_hi, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    return lo, clean_lo, clean_hi, hi
+
+
+@triton.jit
+def _query_range(start_n, n_q, n_k, band_lo, band_hi, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr, FAST_PATH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The query blocks the dK/dV pass streams past key block ``start_n``: [lo, clean_lo)
     checked (the causal diagonal), [clean_lo, clean_hi) on the unchecked fast path, [clean_hi,
-    Nq) checked (the ragged end of Nq). Without FAST_PATH, clean_lo = clean_hi = Nq: one
-    checked loop.
+    hi) checked (the ragged end of Nq; a window's far edge). hi = Nq without a window. Without
+    FAST_PATH, clean_lo = clean_hi = hi: one checked loop.
 
     Causal: earlier query blocks see none of these keys, lo = the block holding query start_n.
     Fast path: whole query blocks inside Nq whose first query is at or past this key block's
     last key (causal), with a whole key block and no attn_mask. (Branches only on constexprs;
-    the runtime test goes through tl.where.)"""
-    lo = 0
-    if IS_CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-    full_end = (n_q // BLOCK_M) * BLOCK_M
-    first_clean = lo
-    if IS_CAUSAL:
-        first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M   # first query ≥ last key
-    if HAS_MASK:
-        first_clean = n_q
-    clean_lo = tl.minimum(tl.where(start_n + BLOCK_N <= n_k, first_clean, n_q), full_end)
-    if IS_CAUSAL:
-        clean_lo = tl.maximum(clean_lo, lo)
-    clean_hi = tl.maximum(clean_lo, full_end)
+    the runtime test goes through tl.where.)
+
+    Window: key j is seen by queries j − band_hi … j − band_lo, so the block's keys start_n..last
+    (inside Nk) by queries start_n − band_hi … last − band_lo: lo and hi as in `_key_range`, the
+    roles of queries and keys swapped (and so `clean_range`'s band)."""
+    if HAS_WINDOW:
+        last_n = tl.minimum(start_n + BLOCK_N, n_k) - 1
+        query_first = tl.maximum(0, start_n - band_hi)
+        query_end = tl.minimum(n_q, last_n - band_lo + 1)
+        lo = (query_first // BLOCK_M) * BLOCK_M
+        hi = tl.where((query_first < query_end) & (band_lo <= band_hi), query_end, lo)
+        clean_lo, clean_hi = clean_range(lo, hi, start_n, last_n, 0, band_hi, -band_lo, n_q, BLOCK_M)
+        if HAS_MASK:
+            clean_lo = hi
+            clean_hi = hi
+    else:
+        lo = 0
+        if IS_CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M
+        hi = n_q
+        full_end = (n_q // BLOCK_M) * BLOCK_M
+        first_clean = lo
+        if IS_CAUSAL:
+            first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M   # first query ≥ last key
+        if HAS_MASK:
+            first_clean = n_q
+        clean_lo = tl.minimum(tl.where(start_n + BLOCK_N <= n_k, first_clean, n_q), full_end)
+        if IS_CAUSAL:
+            clean_lo = tl.maximum(clean_lo, lo)
+        clean_hi = tl.maximum(clean_lo, full_end)
     if not FAST_PATH:
-        clean_lo = n_q
-    return lo, clean_lo, clean_hi
+        clean_lo = hi
+        clean_hi = hi
+    return lo, clean_lo, clean_hi, hi
 
 
 @triton.jit
-def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale,
+def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
                  IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-                 INPUT_PRECISION: tl.constexpr):
+                 HAS_WINDOW: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """S = Q Kᵀ for the tile of queries ``rows`` and keys ``cols``, in base-2 units, with
     every masked entry at −inf."""
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
     valid = (cols < n_k)[None, :] & (rows < n_q)[:, None]
     if IS_CAUSAL:
         valid = valid & (cols[None, :] <= rows[:, None])        # top-left: key j ≤ query i
+    if HAS_WINDOW:                                              # the band: i + band_lo ≤ j ≤ i + band_hi
+        rel = cols[None, :] - rows[:, None]
+        valid = valid & (rel >= band_lo) & (rel <= band_hi)
     if HAS_MASK:
         mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
         if MASK_IS_BOOL:
@@ -174,9 +253,9 @@ def _load_whole_rows(ptrs, d_ok, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scale,
+def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scale, band_lo, band_hi,
                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-               EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+               HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """K_j, V_j and S = Q K_jᵀ (base 2) for the key block ``cols``, its tiles at ``k_ptrs``,
     ``v_ptrs`` and ``mask_ptrs``, as the forward and the dQ pass both stream them.
     CHECKED=False is the fast path for tiles known to need no masking at all (inside Nk,
@@ -184,8 +263,8 @@ def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scal
     if CHECKED:
         kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-        s = _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale,
-                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+        s = _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
+                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, INPUT_PRECISION)
         v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
     else:
         k = _load_whole_rows(k_ptrs, d_ok, EVEN_D)
@@ -196,10 +275,10 @@ def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scal
 
 @triton.jit
 def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
+                   lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
                    CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                   MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                   MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                   EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
     ``k_ptrs``, ``v_ptrs``, ``mask_ptrs`` are the tiles of key block 0, one key row apart
     by ``stride_kn``, ``stride_vn``, ``stride_mn``. CHECKED as in `_key_block`."""
@@ -207,8 +286,8 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
-                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale,
-                             CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
+                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale, band_lo,
+                             band_hi, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, EVEN_D, INPUT_PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
         p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
@@ -226,10 +305,10 @@ def flash_forward_kernel(
     Q, K, V, MASK, O, L,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     # A 1-D grid of cdiv(Nq, BLOCK_M)·B·H programs, query blocks varying fastest (programs of
     # one head run together and share its K/V in L2). CUDA caps grid dims 1 and 2 at 65535,
@@ -261,14 +340,20 @@ def flash_forward_kernel(
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
     mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
 
-    clean_hi, hi = _key_range(start_m, n_k, IS_CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N)
+    lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
+                                            BLOCK_M, BLOCK_N)
+    if HAS_WINDOW:                                      # the window's near edge, checked
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                                       offs_m, d_ok, lo, clean_lo, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
+                                       band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, False,
+                                       BLOCK_N, INPUT_PRECISION)
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
-                                   offs_m, d_ok, 0, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
-                                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D,
+                                   offs_m, d_ok, clean_lo, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
+                                   band_hi, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D,
                                    BLOCK_N, INPUT_PRECISION)
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
-                                   offs_m, d_ok, clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
-                                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, False,
+                                   offs_m, d_ok, clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
+                                   band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, False,
                                    BLOCK_N, INPUT_PRECISION)
 
     has_key = l_i > 0
@@ -304,9 +389,9 @@ def flash_backward_preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, stride_dom, stride_mm, cols, d_ok,
-                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
+                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
                 CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dK_j and dV_j (keys ``cols``) over query blocks lo, lo + BLOCK_M, … < hi of
     one q head: ``q_ptrs``, ``do_ptrs``, ``mask_ptrs`` are its tiles of query block 0, one
@@ -321,8 +406,8 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, s
         if CHECKED:
             q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
             q = tl.load(q_ptrs + start_m * stride_qm, mask=q_ok, other=0.0)
-            s = _tile_scores(q, k, mask_ptrs + start_m * stride_mm, offs_m, cols, n_q, n_k, qk_scale,
-                             IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+            s = _tile_scores(q, k, mask_ptrs + start_m * stride_mm, offs_m, cols, n_q, n_k, qk_scale, band_lo,
+                             band_hi, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, INPUT_PRECISION)
             lse = tl.load(L + offs_m, mask=offs_m < n_q, other=float("inf"))
             do = tl.load(do_ptrs + start_m * stride_dom, mask=q_ok, other=0.0)
             delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
@@ -352,10 +437,10 @@ def flash_backward_dkdv_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
@@ -386,27 +471,28 @@ def flash_backward_dkdv_kernel(
     MASK += z * stride_mz + first_h * stride_mh
     L += (z * H + first_h) * n_q
     DELTA += (z * H + first_h) * n_q
-    lo, clean_lo, clean_hi = _query_range(start_n, n_q, n_k, IS_CAUSAL, HAS_MASK, FAST_PATH, BLOCK_M, BLOCK_N)
+    lo, clean_lo, clean_hi, hi = _query_range(start_n, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
+                                              FAST_PATH, BLOCK_M, BLOCK_N)
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
         q_ptrs = Q + g * stride_qh + offs_mb[:, None] * stride_qm + offs_d[None, :]
         do_ptrs = DO + g * stride_doh + offs_mb[:, None] * stride_dom + offs_d[None, :]
         mask_ptrs = MASK + g * stride_mh + offs_mb[:, None] * stride_mm + offs_n[None, :] * stride_mn
         zh = z * H + first_h + g
-        # diagonal (all of Nq without FAST_PATH: one loop, less code and fewer registers,
-        # see autotune.Config), then the unchecked middle, then the ragged end of Nq
+        # diagonal (all of [lo, hi) without FAST_PATH: one loop, less code and fewer registers,
+        # see autotune.Config), then the unchecked middle, then the ragged end of Nq (a window's far edge)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                              stride_qm, stride_dom, stride_mm, offs_n, d_ok, lo, clean_lo, n_q, n_k, qk_scale,
-                             seed, zh, dropout_p, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D,
-                             BLOCK_M, INPUT_PRECISION)
+                             seed, zh, dropout_p, band_lo, band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
+                             HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
         if FAST_PATH:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                                  stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_lo, clean_hi, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
-                                 EVEN_D, BLOCK_M, INPUT_PRECISION)
+                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, False, IS_CAUSAL, HAS_MASK,
+                                 MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
-                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, n_q, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
-                                 EVEN_D, BLOCK_M, INPUT_PRECISION)
+                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, hi, n_q, n_k,
+                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, True, IS_CAUSAL, HAS_MASK,
+                                 MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
     DK += z * stride_dkz + kv_h * stride_dkh
     DV += z * stride_dvz + kv_h * stride_dvh
     tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
@@ -416,9 +502,9 @@ def flash_backward_dkdv_kernel(
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-              lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
+              lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
               CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+              MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr,
               BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi, the key tiles as in
     `_forward_tiles`; CHECKED=False as in the forward: whole key blocks below the causal
@@ -428,8 +514,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
-                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale,
-                             CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, EVEN_D, INPUT_PRECISION)
+                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale, band_lo,
+                             band_hi, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, EVEN_D, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         if DROPOUT:
@@ -445,10 +531,10 @@ def flash_backward_dq_kernel(
     Q, K, V, MASK, DO, L, DELTA, DQ,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, query blocks fastest
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
@@ -477,12 +563,17 @@ def flash_backward_dq_kernel(
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
     mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
 
-    clean_hi, hi = _key_range(start_m, n_k, IS_CAUSAL, HAS_MASK, BLOCK_M, BLOCK_N)   # the forward's split
+    lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
+                                            BLOCK_M, BLOCK_N)                      # the forward's split
+    if HAS_WINDOW:
+        dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m,
+                       d_ok, lo, clean_lo, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
+                       True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   0, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
-                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
+                   clean_lo, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
+                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p,
-                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, EVEN_D, BLOCK_N, INPUT_PRECISION)
+                   clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
+                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
     DQ += z * stride_dqz + h * stride_dqh
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_attention_inputs, default_scale
+from .checks import check_attention_inputs, check_window, default_scale
 
 
 def causal_keep_mask(n_queries: int, n_keys: int, device=None) -> torch.Tensor:
@@ -22,6 +22,36 @@ def causal_keep_mask(n_queries: int, n_keys: int, device=None) -> torch.Tensor:
     sees keys 0..i, whatever Nk is (``torch.ones(Nq, Nk).tril()``).
     """
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()
+
+
+def window_band(window, is_causal: bool, n_q: int, n_k: int) -> tuple[int, int] | None:
+    """The band a ``window=(left, right)`` gives the kernels: query i sees key j iff
+    i + band_lo ≤ j ≤ i + band_hi. None when there is no window (None or (−1, −1)).
+
+    The window is aligned as `flashlab.varlen_attention`'s (FlashAttention's): query i sees keys
+    i + Nk − Nq − left … i + Nk − Nq + right, −1 unbounded on that side. ``is_causal`` stays
+    `flashlab.attention`'s (top-left, j ≤ i, as SDPA's) and applies too: band_hi ≤ 0. The two
+    alignments agree when Nq = Nk. Unbounded sides become −Nq and Nk (no row reaches past
+    them), which also keeps the numbers inside int32 whatever the window."""
+    if window is None or tuple(window) == (-1, -1):
+        return None
+    left, right = window
+    shift = n_k - n_q
+    band_lo = max(shift - left, -n_q) if left >= 0 else -n_q
+    band_hi = min(shift + right, n_k) if right >= 0 else n_k
+    if is_causal:
+        band_hi = min(band_hi, 0)
+    return band_lo, band_hi
+
+
+def window_keep_mask(n_queries: int, n_keys: int, is_causal: bool, window, device=None) -> torch.Tensor | None:
+    """Boolean (Nq, Nk) mask, True where query i may see key j, for ``is_causal`` and a
+    ``window`` together (`window_band`); None when neither restricts anything."""
+    band = window_band(window, is_causal, n_queries, n_keys)
+    if band is None:
+        return causal_keep_mask(n_queries, n_keys, device) if is_causal else None
+    rel = torch.arange(n_keys, device=device)[None, :] - torch.arange(n_queries, device=device)[:, None]
+    return (rel >= band[0]) & (rel <= band[1])
 
 
 def naive_attention(
@@ -34,6 +64,7 @@ def naive_attention(
     *,
     dropout_p: float = 0.0,
     dropout_keep: torch.Tensor | None = None,
+    window=None,
 ) -> torch.Tensor:
     """Scaled dot-product attention, written with ``einsum`` and ``softmax``.
 
@@ -49,6 +80,8 @@ def naive_attention(
             1/(1 − p). The mask is drawn with ``torch.nn.functional.dropout`` unless
         dropout_keep: a given boolean keep mask Z (broadcastable to ``(..., Nq, Nk)``) is
             used instead, so a kernel's own dropout can be checked exactly.
+        window: ``(left, right)``: query i sees keys i + Nk − Nq − left … i + Nk − Nq + right
+            (−1: unbounded), as `flashlab.attention` takes it; with ``is_causal`` both apply.
 
     Returns:
         ``(..., Nq, Dv)`` in the dtype of q. A query row whose every key is masked out
@@ -58,12 +91,13 @@ def naive_attention(
         ValueError: for mismatched shapes, dtypes or devices, naming the argument.
     """
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale)
+    check_window(window)
     return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p,
-                                     dropout_keep=dropout_keep)
+                                     dropout_keep=dropout_keep, window=window)
 
 
 def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                              dropout_keep=None):
+                              dropout_keep=None, window=None):
     """`naive_attention` for callers that validated the inputs already (`flashlab.attention`).
     Here ``attn_mask`` and ``is_causal`` may come together: both apply."""
     scale = default_scale(q.shape[-1], scale)
@@ -72,14 +106,14 @@ def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=No
     # S = (Q·scale) Kᵀ. Scaling Q (N×D) instead of S (N×N) saves a whole N×N tensor.
     scores = torch.einsum("...id,...jd->...ij", q * scale, k)
 
-    if is_causal:
-        causal = causal_keep_mask(n_queries, n_keys, q.device)
+    keep = window_keep_mask(n_queries, n_keys, is_causal, window, q.device)   # causal and/or the window
+    if keep is not None:
         if attn_mask is None:
-            attn_mask = causal
+            attn_mask = keep
         elif attn_mask.dtype == torch.bool:
-            attn_mask = attn_mask & causal
+            attn_mask = attn_mask & keep
         else:
-            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+            attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
     empty_rows = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:

@@ -3,15 +3,16 @@
 tracing into Triton's launcher:
 
     flashlab::flash_attention_forward(q, k, v, attn_mask?, dropout_p, seed?, is_causal, scale,
-                                      input_precision) -> (out, lse)
+                                      input_precision, window_left=-1, window_right=-1) -> (out, lse)
     flashlab::flash_attention_backward(grad_out, q, k, v, out, lse, attn_mask?, dropout_p, seed?,
-                                       is_causal, scale, input_precision, mask_grad)
-                                      -> (dq, dk, dv, dmask)
+                                       is_causal, scale, input_precision, mask_grad,
+                                       window_left=-1, window_right=-1) -> (dq, dk, dv, dmask)
 
 Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
 broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32).
 `flashlab.attention` validates and reshapes its inputs, then calls these; nothing here
-validates again.
+validates again. ``window_left``/``window_right`` are attention's ``window=(left, right)``
+(−1: unbounded; both −1: no window), two plain ints so the schema stays one torch understands.
 
 - The seed of dropout is a CPU int64 tensor drawn *outside* the op (`draw_seed`), so a
   compiled graph draws a fresh one per call and the backward replays the same mask.
@@ -69,12 +70,13 @@ def _launcher():
 
 
 def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
-                    seed: Tensor | None, is_causal: bool, scale: float, input_precision: str) -> tuple[Tensor, Tensor]:
+                    seed: Tensor | None, is_causal: bool, scale: float, input_precision: str,
+                    window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
     """The forward op's implementation, also called directly where no graph is traced and no
     gradient is wanted (inference calls are launch-bound: the dispatcher costs microseconds)."""
     qc, kc, vc, mask = _on_cpu_in_fp32(q, q, k, v, attn_mask)
     out, lse = _launcher().flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
-                             scale, input_precision)
+                                         scale, input_precision, (window_left, window_right))
     return _as(out, q.dtype), lse
 
 
@@ -83,20 +85,22 @@ flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_for
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
+def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1):
     B, H, n_q, _ = q.shape
     return q.new_empty(B, H, n_q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
 
 
 def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
-                     scale: float, input_precision: str, mask_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     scale: float, input_precision: str, mask_grad: bool, window_left: int = -1,
+                     window_right: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward op's implementation, also called directly by `EagerFlashAttention`."""
     seed_value = int(seed) if seed is not None else 0
+    window = (window_left, window_right)
     qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q, q, k, v, out, grad_out, attn_mask)
     dq, dk, dv = _launcher().flash_backward(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale,
-                                input_precision)
-    dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale)
+                                            input_precision, window)
+    dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale, window)
              .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
     return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dmask
 
@@ -106,22 +110,24 @@ flash_attention_backward = torch.library.custom_op("flashlab::flash_attention_ba
 
 
 @flash_attention_backward.register_fake
-def _(grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad):
+def _(grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad,
+      window_left=-1, window_right=-1):
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
 
 
-def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale):
+def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, window=None):
     """d loss / d attn_mask = dS, summed over the mask's broadcast dimensions:
         P = exp(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
-    with S = Q Kᵀ·scale + mask (−inf where causal or out of range) and L the saved lse."""
+    with S = Q Kᵀ·scale + mask (−inf where causal, outside the window or out of range) and L the saved lse."""
+    from .naive import window_keep_mask
     B, H, n_q, _ = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
     scores = (q.float() @ k.transpose(-1, -2)) * scale + attn_mask.float()
-    if is_causal:
-        above = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(above, float("-inf"))
+    keep = window_keep_mask(n_q, n_k, is_causal, window, q.device)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
     p = torch.exp(scores - (lse / LOG2E)[..., None])                # rows with no key: L = +inf → P = 0
     dp = grad_out.float() @ v.transpose(-1, -2)
     if dropout_p > 0:
@@ -138,23 +144,26 @@ class FlashAttentionFunction:
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision = inputs
+        q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, *window = inputs
         out, lse = output
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, attn_mask, seed)
         ctx.options = (dropout_p, is_causal, scale, input_precision)
+        ctx.window = tuple(window) or (-1, -1)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse, attn_mask, seed = ctx.saved_tensors
         dropout_p, is_causal, scale, input_precision = ctx.options
         mask_grad = bool(attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3])
-        args = (grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad)
+        args = (grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad,
+                *ctx.window)
         # traced (compile's backward graph: fake or functional tensors): the op; eager: its body
         backward = backward_kernels if type(grad_out) is torch.Tensor and type(q) is torch.Tensor \
             else torch.ops.flashlab.flash_attention_backward
         dq, dk, dv, dmask = backward(*args)
-        return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None
+        # one gradient per input: q, k, v, the mask, then None for each option
+        return dq, dk, dv, (dmask if mask_grad else None), *(None,) * (len(ctx.needs_input_grad) - 4)
 
 
 class EagerFlashAttention(torch.autograd.Function):
@@ -164,11 +173,12 @@ class EagerFlashAttention(torch.autograd.Function):
     `flashlab.attention` takes it unless the call is traced (compile, export)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision):
-        out, lse = forward_kernels(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision)
+    def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1,
+                window_right=-1):
+        inputs = (q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left, window_right)
+        out, lse = forward_kernels(*inputs)
         ctx.set_materialize_grads(False)      # lse gets no gradient: no zeros tensor made for it
-        FlashAttentionFunction.setup_context(ctx, (q, k, v, attn_mask, dropout_p, seed, is_causal, scale,
-                                                   input_precision), (out, lse))
+        FlashAttentionFunction.setup_context(ctx, inputs, (out, lse))
         return out, lse
 
     backward = staticmethod(FlashAttentionFunction.backward)

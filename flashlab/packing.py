@@ -104,13 +104,28 @@ def _positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 
+def document_mask(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Boolean (total, total): packed token t may attend to token s iff both lie in the same
+    document and s ≤ t. What a packed batch needs from an attention without varlen support."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths,
+                                       output_size=total)
+    position = torch.arange(total, device=cu_seqlens.device)
+    return (document[:, None] == document[None, :]) & (position[None, :] <= position[:, None])
+
+
 def packed_forward(model: CausalTransformer, tokens: torch.Tensor, cu_seqlens: torch.Tensor,
-                   max_seqlen: int) -> torch.Tensor:
+                   max_seqlen: int, varlen: bool = True) -> torch.Tensor:
     """``model``'s forward on a packed batch: ``(total,)`` token ids → ``(total, vocab)`` logits.
 
     The same weights and operations as ``model(tokens)`` on each document alone (learned
     positions restart at 0 in every document; causal attention stays inside it), with the
-    attention computed by `varlen_attention` over the packed (total, heads, D) tensors."""
+    attention computed by `varlen_attention` over the packed (total, heads, D) tensors.
+
+    ``varlen=False``: the model's own attention function (SDPA, naive …) over the whole packed
+    row with `document_mask` instead: the same numbers, but total² scores per head rather than
+    Σ n_b², so only the layers outside attention gain from packing. It is the CPU's packed path
+    (`varlen_attention` there runs in Triton's interpreter, ~100× slower than SDPA)."""
     if model.positions is None:
         raise ValueError("model: packed_forward supports positions='learned' only (rotary positions would "
                          "need per-document positions inside the attention).")
@@ -118,11 +133,17 @@ def packed_forward(model: CausalTransformer, tokens: torch.Tensor, cu_seqlens: t
         raise ValueError(f"max_seqlen: {max_seqlen} exceeds the model's max_len={model.max_len}.")
     total = tokens.shape[0]
     x = model.tokens(tokens) + model.positions(_positions(cu_seqlens, total))
+    mask = None if varlen else document_mask(cu_seqlens, total)
     for block in model.blocks:
         attn = block.attn
         qkv = attn.qkv(block.norm1(x)).view(total, 3, attn.num_heads, attn.head_dim)
         q, k, v = qkv.unbind(1)                                          # (total, heads, D) views
-        y = varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=True)
+        if varlen:
+            y = varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=True)
+        else:                                                            # (heads, total, D) for SDPA's layout
+            dropout = attn.dropout if attn.training else 0.0
+            y = attn.attention_fn(*(t.transpose(0, 1) for t in (q, k, v)), attn_mask=mask,
+                                  dropout_p=dropout).transpose(0, 1)
         x = x + attn.out(y.reshape(total, -1))
         x = x + block.mlp(block.norm2(x))
     return model.norm(x) @ model.tokens.weight.T
@@ -137,11 +158,12 @@ def padded_loss(model: CausalTransformer, documents: list[torch.Tensor], device)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX), tokens.numel()
 
 
-def packed_loss(model: CausalTransformer, documents: list[torch.Tensor], device) -> tuple[torch.Tensor, int]:
+def packed_loss(model: CausalTransformer, documents: list[torch.Tensor], device,
+                varlen: bool = True) -> tuple[torch.Tensor, int]:
     """Mean next-token loss of the documents as one packed batch; and its token slots (= real tokens)."""
     tokens, cu_seqlens, max_len = pack(documents)
     tokens, cu_seqlens = tokens.to(device), cu_seqlens.to(device)
-    logits = packed_forward(model, tokens, cu_seqlens, max_len)
+    logits = packed_forward(model, tokens, cu_seqlens, max_len, varlen)
     targets = packed_targets(tokens, cu_seqlens)
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX), tokens.numel()
 

@@ -44,28 +44,30 @@ def _mask_to_float64(mask: torch.Tensor) -> torch.Tensor:
 
 
 def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                        dropout_keep=None) -> torch.Tensor:
+                        dropout_keep=None, window=None) -> torch.Tensor:
     """Attention in float64: the ground truth for every test.
 
     Same arguments and semantics as :func:`flashlab.naive_attention`; the inputs (and a
     float mask) are upcast to float64 on their own device first, so the only rounding
     left is float64's (about 1e-16 relative). Dropout needs the keep mask the
-    implementation used (``dropout_keep``), or the comparison is meaningless.
+    implementation used (``dropout_keep``), or the comparison is meaningless. ``window`` as
+    `flashlab.attention`'s.
     """
     mask = None if attn_mask is None else _mask_to_float64(attn_mask)
     keep = None if dropout_keep is None else dropout_keep.to(q.device)
     return naive_attention(_to_float64(q), _to_float64(k), _to_float64(v), mask, is_causal, scale,
-                           dropout_p=dropout_p, dropout_keep=keep)
+                           dropout_p=dropout_p, dropout_keep=keep, window=window)
 
 
 def reference_gradients(q, k, v, grad_out, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                        dropout_keep=None):
+                        dropout_keep=None, window=None):
     """(dq, dk, dv) of attention in float64 (on the inputs' device), by autograd through the naive
     implementation: the ground truth for every backward test."""
     q64, k64, v64 = (_to_float64(t).requires_grad_() for t in (q, k, v))
     mask = None if attn_mask is None else _mask_to_float64(attn_mask)
     keep = None if dropout_keep is None else dropout_keep.to(q.device)
-    out = naive_attention(q64, k64, v64, mask, is_causal, scale, dropout_p=dropout_p, dropout_keep=keep)
+    out = naive_attention(q64, k64, v64, mask, is_causal, scale, dropout_p=dropout_p, dropout_keep=keep,
+                          window=window)
     return torch.autograd.grad(out, (q64, k64, v64), _to_float64(grad_out))
 
 

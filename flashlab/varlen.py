@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import autotune
-from .checks import default_scale
+from .checks import check_window, default_scale
 from .decode import launch
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
 from .flash_triton import LOG2E, flash_backward_preprocess_kernel
@@ -110,10 +110,7 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
               f"{cu_seqlens_q.numel() - 1}", "Give both one entry per sequence, plus one.")
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
         _fail("scale", f"expected a positive number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
-    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2 and
-                                   all(isinstance(w, int) and w >= -1 for w in window)):
-        _fail("window", f"expected (left, right) of integers ≥ −1, got {window!r}",
-              "E.g. window=(4096, 0): each query sees itself and the 4096 keys before it; −1 = unbounded.")
+    check_window(window)
 
 
 def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
@@ -204,6 +201,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         ``(total_q, heads, D)``; a query with no key to attend to gives zeros (and zero gradients).
     """
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
+        # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.ops)
+        return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, is_causal, scale, window, exact_fp32=exact_fp32).to(q.dtype)
     scale = default_scale(q.shape[-1], scale)
     left, right = band(is_causal, window, max_seqlen_q, max_seqlen_k)
     precision = input_precision(q.dtype, q.device, exact_fp32)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .flash_triton import clean_range  # the band's unmasked tiles, shared with the dense kernels
+
 
 @triton.jit
 def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale,
@@ -35,21 +37,6 @@ def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale,
     rel = cols[None, :] - (offs_m[:, None] + shift)                # j − (i + shift)
     valid = (offs_m < q_len)[:, None] & (cols < k_len)[None, :] & (rel >= -left) & (rel <= right)
     return tl.where(valid, s, -float("inf"))
-
-
-@triton.jit
-def clean_range(lo, hi, first_row, last_row, shift, left, right, other_len, BLOCK: tl.constexpr):
-    """[a, b): the tiles t = lo, lo + BLOCK, … < hi that need no mask: every (row, col) pair with
-    row in first_row..last_row and col in the tile lies in the band −left ≤ col − row − shift ≤ right,
-    and the tile ends inside the sequence (col < other_len). In the forward and dQ pass rows are
-    queries and tiles keys; the dK/dV pass calls it with the roles swapped (shift, left, right
-    negated and exchanged). Tiles [lo, a) and [b, hi) are masked."""
-    # col ≥ row + shift − left for the last row  ⇒  tile start ≥ last_row + shift − left
-    a = lo + tl.cdiv(tl.maximum(last_row + shift - left - lo, 0), BLOCK) * BLOCK
-    # col ≤ row + shift + right for the first row, and col < other_len  ⇒  tile start ≤ last_start
-    last_start = tl.minimum(first_row + shift + right - BLOCK + 1, other_len - BLOCK)
-    b = tl.where(last_start >= a, lo + ((last_start - lo) // BLOCK + 1) * BLOCK, a)
-    return a, tl.minimum(tl.maximum(b, a), tl.maximum(hi, a))
 
 
 @triton.jit

@@ -27,7 +27,7 @@ def _default_configs(monkeypatch):
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
 
 
-def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0):
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0, window=None):
     make = lambda h, n: torch.randn(B, h, n, D, device=DEVICE, dtype=dtype)  # noqa: E731
     if q_layout == "bnhd":  # a (B, N, H, D) tensor seen as (B, H, N, D): strided, no copy
         q = torch.randn(B, Nq, H, D, device=DEVICE, dtype=dtype).transpose(1, 2).requires_grad_()
@@ -36,12 +36,12 @@ def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bh
     k, v = make(H_kv, Nk).requires_grad_(), make(H_kv, Nk).requires_grad_()
     rng = torch.random.get_rng_state()
     out = attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=H != H_kv,
-                    exact_fp32=True)
+                    exact_fp32=True, window=window)
     keep = None
     if dropout_p:  # replay the seed the call drew and ask the kernels for the mask Z they used
         torch.random.set_rng_state(rng)
         keep = dropout_keep_mask(draw_dropout_seed(), B, H, Nq, Nk, dropout_p, device=DEVICE)
-    drop = dict(dropout_p=dropout_p, dropout_keep=keep)
+    drop = dict(dropout_p=dropout_p, dropout_keep=keep, window=window)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     group = H // H_kv
@@ -176,6 +176,11 @@ def test_drop_in_for_sdpa_in_a_module():
     ({"v": torch.randn(1, 2, 9, 16)}, "v"),                         # one value row per key
     ({"k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)}, "k"),   # batch 3 vs q's 1
     ({"scale": 0.0}, "scale"),
+    ({"window": (-2, 0)}, "window"),
+    ({"window": (4,)}, "window"),
+    ({"window": (1.5, 0)}, "window"),
+    ({"window": (True, 0)}, "window"),
+    ({"window": 8}, "window"),
 ])
 # (3-D inputs, D > 256 and Dv ≠ D are accepted now, as SDPA accepts them: tests/test_dropin.py)
 def test_clear_errors(kwargs, argument):
@@ -287,6 +292,10 @@ def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch, tmp_
     assert autotune.Autotuner(cache_path="")._stored(key, [a, b]) is None  # "" keeps nothing on disk
     assert autotune.shape_key("dq", torch.empty(2, 8, 1000, 64), torch.empty(2, 2, 1000, 64), True, False, False) \
         == ("dq", torch.device("cpu"), torch.float32, 64, True, False, False, 4, 1024, 1024, 16)
+    # a window is remembered apart (its work per program differs); keys without one are unchanged,
+    # so the decisions shipped for them still apply
+    assert autotune.shape_key("dq", torch.empty(2, 8, 1000, 64), torch.empty(2, 2, 1000, 64), True, False, False,
+                              window=True)[-1] == "window"
 
 
 def test_candidate_lists():
@@ -360,3 +369,81 @@ def test_no_grad_path_matches_the_autograd_path():
     plain = attention(q, k, v, is_causal=True)
     assert with_graph.grad_fn is not None and without.grad_fn is None and plain.grad_fn is None
     assert torch.equal(with_graph.detach(), without) and torch.equal(without, plain)
+
+
+# (Nq, Nk, is_causal, window): the band at the sequence edges, N = 1, 17 and 1000 (no block
+# multiples), wider than N, one query's own key only, left = 0 with right > 0, unbounded sides,
+# Nq ≠ Nk both ways (the window aligned to the end of the keys)
+WINDOWS = [(1, 1, True, (0, 0)), (1, 1, False, (3, 3)), (17, 17, True, (5, 0)), (17, 17, False, (3, 3)),
+           (1000, 1000, True, (40, 0)), (1000, 1000, False, (20, 20)), (100, 100, True, (500, 0)),
+           (100, 100, False, (0, 7)), (37, 37, False, (0, 0)), (70, 100, False, (10, -1)), (100, 70, False, (-1, 3)),
+           (40, 90, True, (30, 0))]
+
+
+@pytest.mark.parametrize("Nq,Nk,is_causal,window", WINDOWS, ids=str)
+def test_sliding_windows_match_reference(Nq, Nk, is_causal, window):
+    """Output and gradients of windowed attention against float64 with the window as a mask."""
+    _check(1, 1 if Nq >= 1000 else 2, 1, Nq, Nk, 24, is_causal, torch.float32, window=window)
+
+
+def test_sliding_window_with_gqa_mask_dropout_and_half_precision():
+    """A window together with GQA, a float mask (its gradient too), dropout, and fp16."""
+    _check(2, 4, 2, 50, 50, 16, True, torch.float32, window=(8, 0))
+    _check(1, 2, 2, 30, 40, 16, False, torch.float32, attn_mask=torch.randn(1, 1, 30, 40, device=DEVICE,
+                                                                              requires_grad=True), window=(5, 5))
+    _check(1, 2, 2, 60, 60, 16, True, torch.float32, dropout_p=0.2, window=(12, 0))
+    _check(1, 2, 1, 45, 45, 32, True, torch.float16, window=(9, 0))
+
+
+@pytest.mark.parametrize("block_m,block_n,fast_path", [(16, 32, True), (32, 16, True), (16, 16, False)])
+def test_sliding_window_with_any_tiles(block_m, block_n, fast_path):
+    """The window's checked edges and unchecked middle meet exactly for any block shapes, with
+    the dK/dV fast path and without it."""
+    config = autotune.Config(block_m, block_n, 4, 1, fast_path=fast_path)
+    with autotune.force(forward=config, dkdv=config, dq=config):
+        _check(1, 2, 1, 70, 70, 24, True, torch.float32, window=(21, 0))
+        _check(1, 1, 1, 60, 45, 16, False, torch.float32, window=(5, 18))
+
+
+def test_keys_outside_the_window_are_never_read():
+    """32 queries at the end of 512 keys, window (20, 0): they see keys 460..511 only. Key and
+    value rows below 384 hold NaN; a kernel that loaded those tiles (and masked afterwards)
+    would return NaN. The dK/dV programs of those keys see no query: zero gradients."""
+    q, grad_out = (torch.randn(1, 2, 32, 32, device=DEVICE) for _ in range(2))
+    k, v = (torch.randn(1, 2, 512, 32, device=DEVICE) for _ in range(2))
+    k[:, :, :384], v[:, :, :384] = float("nan"), float("nan")
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    out = attention(q, k, v, window=(20, 0), exact_fp32=True)
+    out.backward(grad_out)
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert (k.grad[:, :, :460] == 0).all() and (v.grad[:, :, :460] == 0).all()
+    assert_close(out, reference_attention(q, k[:, :, 448:], v[:, :, 448:], window=(20, 0)), tol=1e-5)
+
+
+def test_window_rule_written_out():
+    """The rule itself, independent of any implementation: query i sees keys
+    i + Nk − Nq − left … i + Nk − Nq + right (aligned to the end of the keys), −1 unbounded;
+    is_causal (top-left, j ≤ i) applies too."""
+    from flashlab.naive import window_keep_mask
+    rows = lambda *r: torch.tensor(r, dtype=torch.bool)  # noqa: E731
+    assert torch.equal(window_keep_mask(3, 5, False, (1, 0)), rows([0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]))
+    assert torch.equal(window_keep_mask(3, 5, False, (0, -1)), rows([0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 1]))
+    assert torch.equal(window_keep_mask(4, 4, True, (1, 5)), rows([1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0],
+                                                                 [0, 0, 1, 1]))
+    assert torch.equal(window_keep_mask(2, 4, True, (3, 0)), rows([1, 0, 0, 0], [1, 1, 0, 0]))
+    assert window_keep_mask(4, 4, False, None) is None and window_keep_mask(4, 4, False, (-1, -1)) is None
+
+
+def test_unbounded_window_is_no_window():
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(3))
+    assert torch.equal(attention(q, k, v, is_causal=True, window=(-1, -1)), attention(q, k, v, is_causal=True))
+    assert torch.equal(attention(q, k, v, window=[-1, -1]), attention(q, k, v))
+
+
+def test_sliding_window_on_the_pytorch_path():
+    """float64 (and calls too large for the interpreter) take the PyTorch path: same window."""
+    q, k, v = (torch.randn(2, 3, 50, 8, dtype=torch.float64, device=DEVICE) for _ in range(3))
+    keep = (torch.arange(50)[None, :] - torch.arange(50)[:, None]).to(DEVICE)
+    keep = (keep <= 0) & (keep >= -6)                             # causal, the 6 keys before and itself
+    assert_close(attention(q, k, v, is_causal=True, window=(6, 0)),
+                 F.scaled_dot_product_attention(q, k, v, attn_mask=keep))

@@ -107,6 +107,31 @@ def test_compile_fullgraph_matches_eager():
         assert torch.allclose(p.grad, g, rtol=0, atol=1e-6)
 
 
+def test_window_under_compile_and_export():
+    """attention(window=…) is one custom-op node under torch.compile(fullgraph) and torch.export,
+    the window carried as the op's two int arguments; outputs and gradients equal eager's."""
+    def windowed(q, k, v):
+        return attention(q, k, v, is_causal=True, window=(3, 0))
+
+    q, k, v = (torch.randn(1, 2, 11, 16, requires_grad=True) for _ in range(3))
+    want = windowed(q, k, v)
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    torch._dynamo.reset()
+    got = torch.compile(windowed, backend="aot_eager", fullgraph=True)(q, k, v)
+    assert torch.equal(got, want)
+    for g, w in zip(torch.autograd.grad(got.sum(), (q, k, v)), want_grads):
+        assert torch.allclose(g, w, rtol=0, atol=1e-6)
+
+    class Windowed(torch.nn.Module):
+        def forward(self, q, k, v):
+            return windowed(q, k, v)
+
+    exported = torch.export.export(Windowed(), (q.detach(), k.detach(), v.detach()))
+    calls = [n for n in exported.graph.nodes if str(n.target) == "flashlab.flash_attention_forward.default"]
+    assert len(calls) == 1 and list(calls[0].args[-2:]) == [3, 0], [n.args for n in calls]
+    assert torch.equal(exported.module()(q.detach(), k.detach(), v.detach()), want.detach())
+
+
 def test_export_holds_the_custom_op():
     model, x, mask = _model_inputs()
     exported = torch.export.export(model, (x, mask))
@@ -115,7 +140,7 @@ def test_export_holds_the_custom_op():
     assert torch.equal(exported.module()(x, mask), model(x, mask))
 
 
-@pytest.mark.parametrize("case", ["causal", "float mask", "bool mask + dropout + gqa"])
+@pytest.mark.parametrize("case", ["causal", "float mask", "bool mask + dropout + gqa", "window + float mask"])
 def test_opcheck(case):
     q = torch.randn(1, 4, 5, 16, requires_grad=True)
     k, v = (torch.randn(1, 4 if case != "bool mask + dropout + gqa" else 2, 7, 16, requires_grad=True)
@@ -123,7 +148,9 @@ def test_opcheck(case):
     args = {"causal": (q, k, v, None, 0.0, None, True, 0.25, "ieee"),
             "float mask": (q, k, v, torch.randn(1, 1, 5, 7, requires_grad=True), 0.0, None, False, 0.25, "ieee"),
             "bool mask + dropout + gqa": (q, k, v, torch.rand(5, 7) > 0.3, 0.3, torch.tensor(11), False, 0.25,
-                                          "ieee")}[case]
+                                          "ieee"),
+            "window + float mask": (q, k, v, torch.randn(1, 1, 5, 7, requires_grad=True), 0.0, None, True, 0.25,
+                                    "ieee", 2, 0)}[case]
     result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
