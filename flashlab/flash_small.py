@@ -177,8 +177,8 @@ def small_forward_kernel(
                     mask=kv_ok, other=0.0)
         mask_ptrs = MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
         # S = Q Kᵀ·scale·log2(e), −inf where masked (keys ≥ Nk, causal j > i, attn_mask)
-        s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale,
-                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+        s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,     # no window (band unused)
+                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
         m = tl.max(s, 1)
         m = tl.where(m == -float("inf"), 0.0, m)        # a row with no key: avoid −inf − −inf
         p = tl.math.exp2(s - m[:, None])                # P̃ = 2^(S − m), every key at once
@@ -244,8 +244,8 @@ def small_backward_kernel(
                 lse = tl.load(L + zh * n_q + offs_m, mask=row_ok, other=float("inf"))
                 mask_ptrs = (MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm
                              + offs_n[None, :] * stride_mn)
-                s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale,
-                                 IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, INPUT_PRECISION)
+                s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
+                                 IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
                 dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO Vᵀ
                 if DROPOUT:
