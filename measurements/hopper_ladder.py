@@ -345,13 +345,18 @@ def summarise(run: Run):
                 "met_fwd_bwd_vs_cudnn": _at_least(row["fwd_bwd_vs_cudnn"], TARGETS["fwd_bwd_vs_cudnn"]),
                 "no_spills": (not any(spills)) if spills else None})
     run.record["target_rows"] = targets
-    table, kept_mean = [], None
+    table, kept_mean, anchor_shapes = [], None, 0
     for name in ["0 today"] + [s.name for s in LADDER]:
         rows = [r for r in run.record["performance"] if r["step"] == name
                 and r["dtype"] == ("float32" if run.smoke else "bfloat16")]
         regs = [r for r in run.record["resources"] if r["step"] == name]
         mean = _geomean([r["fwd_bwd_tflops"] for r in rows])
-        kept = None if mean is None else (kept_mean is None or mean >= kept_mean)
+        # kept: beat the last kept step over the same shapes; undecided (None) when step 0, the
+        # anchor, was not measured or a run cut short measured this step on fewer shapes
+        if name == "0 today":
+            anchor_shapes = len(rows)
+        comparable = mean is not None and anchor_shapes and len(rows) == anchor_shapes
+        kept = None if not comparable else (kept_mean is None or mean >= kept_mean)
         if kept:
             kept_mean = mean
         table.append({"step": name, "shapes": len(rows),

@@ -16,6 +16,17 @@
 # order, dropout and > 65535 batch·heads, were cut off: results/h200/
 # gpu_tests_attention_2026-12-03_partial.log). Not yet timed on a GPU: the new dK/dV
 # candidates in a sweep, the launch path without autograd, the tuner's decision file: bench.
+#
+# Next session (after 2026-12-03's, which spent its 30 minutes on notebook 10's run, the decode
+# sweep, issue 17's compile/export/opcheck and fp32 runs, and a ladder cut to its final step),
+# in this order, each one call:
+#   bash measurements/next_gpu_session.sh ladder OUT      issue 21: the whole Hopper ladder (~8 min);
+#       then set flash_hopper_launch.ON_BY_DEFAULT from it (results/h200/hopper_ladder.json)
+#   bash measurements/next_gpu_session.sh small OUT       issue 19: small_graphs (~5 min), then the
+#       dense-window GPU tests and notebook 10's window section (issue 20), then the TF32 test
+#       that failed at D = 96 on 2026-12-03 (issue 17), with its traceback
+#   bash measurements/next_gpu_session.sh property OUT    issue 17: the property test on the GPU
+#       (600 examples, autotuning off; 2026-12-03's 520-example attempt did not finish in 190 s)
 set -u
 phase=$1 out=$2
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
@@ -35,6 +46,19 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   rm -f "$out"/*/checkpoint_*.pt
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
+elif [ "$phase" = ladder ]; then
+  timeout 570 python -m measurements.hopper_ladder "$out" --budget-s 450 > "$out/ladder.log" 2>&1; tail -n 12 "$out/ladder.log"
+elif [ "$phase" = small ]; then
+  timeout 330 python -m measurements.small_graphs "$out" > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
+  timeout 150 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 4 "$out/nb10/windows.log"
+  timeout 120 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_attention.py -k window \
+    > "$out/nb10/window_tests.log" 2>&1; tail -n 3 "$out/nb10/window_tests.log"
+  timeout 60 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_autotune.py -k "tf32 and 96" -x \
+    --tb=short > "$out/tf32_d96.log" 2>&1; tail -n 20 "$out/tf32_d96.log"
+elif [ "$phase" = property ]; then
+  FLASHLAB_PROPERTY_EXAMPLES=600 timeout 560 python -m pytest -q -p no:cacheprovider -o addopts= \
+    tests/test_attention_properties.py -rA > "$out/property_gpu.log" 2>&1; tail -n 5 "$out/property_gpu.log"
 else
   shift 2
   timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \
