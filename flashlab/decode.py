@@ -162,23 +162,36 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         if block_table.device != q.device:
             _fail("block_table", f"is on {block_table.device} but q is on {q.device}",
                   "Move it with block_table.to(q.device).")
-        if check_contents and block_table.numel() and (block_table.min() < 0 or block_table.max() >= k_cache.shape[0]):
-            _fail("block_table", f"holds block indices outside [0, {k_cache.shape[0]})",
-                  "Every entry must index a block of k_cache / v_cache (num_blocks, page_size, heads_k, D).")
+        if check_contents and block_table.numel():
+            # only the pages a sequence uses are read: entries past them may hold anything (e.g. −1)
+            pages_used = (cache_seqlens.to(torch.int64).clamp(min=0) + k_cache.shape[1] - 1) // k_cache.shape[1]
+            used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
+            bad = used & ((block_table < 0) | (block_table >= k_cache.shape[0]))
+            if bad.any():
+                _fail("block_table", f"a page that holds cached tokens points outside [0, {k_cache.shape[0]}) "
+                      f"(sequence {int(bad.nonzero()[0, 0])})",
+                      "Each sequence's first ceil(length / page_size) entries must index a block of "
+                      "k_cache / v_cache (num_blocks, page_size, heads_k, D); entries past them are not read.")
         capacity = block_table.shape[1] * k_cache.shape[1]
     if check_contents and cache_seqlens.numel() and (cache_seqlens.min() < 0 or cache_seqlens.max() > capacity):
         _fail("cache_seqlens", f"lengths must lie in [0, {capacity}], got {cache_seqlens.tolist()}",
               "A length cannot exceed what the cache (or its block table's pages) holds.")
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits):
-        _fail("num_splits", f"expected a positive integer or None, got {num_splits!r}",
+        _fail("num_splits", f"expected a positive integer, or None (or 0) to choose, got {num_splits!r}",
               "Leave it None for the heuristic, or pass e.g. 4.")
     if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
         _fail("scale", f"expected a positive number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
-                     causal=True, return_lse=False, check_contents=None, launch_options=None):
+                     causal=False, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
+
+    The tensors' layouts and the meanings of cache_seqlens, block_table, causal, num_splits and the
+    returned log-sum-exp are FlashAttention's. What differs: the order of the positional arguments
+    (FlashAttention's fourth is the new ``k``: pass the others by keyword when porting), ``scale``
+    for ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the
+    cache, no window_size, rotary embedding, softcap, ALiBi, cache_batch_idx or cache_leftpad.
 
     Args:
         q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
@@ -190,10 +203,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         block_table: int32 ``(batch, max_pages)``: row b lists the physical blocks holding
             sequence b's tokens 0..page_size−1, page_size..2·page_size−1, … (entries past the
             sequence's last page are not read).
-        num_splits: key ranges per cache (split-KV); None picks one by `choose_num_splits`.
+        num_splits: key ranges per cache (split-KV); None (or 0, FlashAttention's spelling) picks one
+            by `choose_num_splits`.
         scale: default 1/sqrt(D).
         causal: query i is the token at position cache_seqlens − seqlen_q + i and sees keys up to
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
+            Default False, as FlashAttention's: pass causal=True for several new tokens of one
+            sequence.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
             (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
         check_contents: check that every length fits the cache and every block index exists.
@@ -209,7 +225,16 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     """
     if check_contents is None:
         check_contents = q.device.type == "cpu"
+    if num_splits == 0:
+        num_splits = None                               # FlashAttention's 0 = "choose for me"
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
+        # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
+        result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table,
+                                  num_splits, scale, causal=causal, return_lse=return_lse,
+                                  check_contents=False, launch_options=launch_options)
+        return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
@@ -256,7 +281,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     return out
 
 
-def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=True):
+def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False):
     """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
     (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
     position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""

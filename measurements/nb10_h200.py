@@ -114,14 +114,15 @@ def decode_correctness():
         for seqlen_q, heads, heads_k in ((1, 32, 8), (4, 16, 16), (1, 8, 1)):
             q = torch.randn(5, seqlen_q, heads, 128, dtype=dtype, device=DEV)
             k, v = (torch.randn(5, 5000, heads_k, 128, dtype=dtype, device=DEV) for _ in range(2))
-            ref = reference_decode_attention(q, k, v, lengths)
+            ref = reference_decode_attention(q, k, v, lengths, causal=True)
             k_pool, v_pool, table = paged_copy(k, v, lengths, 64, gen)
             for paged in (False, True):
                 for num_splits in (1, 7, None):
                     if paged:
-                        out = decode_attention(q, k_pool, v_pool, lengths, block_table=table, num_splits=num_splits)
+                        out = decode_attention(q, k_pool, v_pool, lengths, block_table=table,
+                                               num_splits=num_splits, causal=True)
                     else:
-                        out = decode_attention(q, k, v, lengths, num_splits=num_splits)
+                        out = decode_attention(q, k, v, lengths, num_splits=num_splits, causal=True)
                     err = rel_error(out, ref)
                     rows.append({"dtype": str(dtype), "seqlen_q": seqlen_q, "heads": heads, "heads_k": heads_k,
                                  "paged": paged, "num_splits": num_splits, "rel_error": err,

@@ -87,13 +87,14 @@ def test_several_new_tokens_causal_to_the_end_of_the_cache(seqlen_q, paged):
         k, v, table = _paged(lengths, 16, heads_k, 16)
     else:
         (k, v), table = _cache(len(lengths), 48, heads_k, 16), None
-    ref = reference_decode_attention(q, k, v, _lengths(lengths), block_table=table)
+    ref = reference_decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=True)
     for num_splits in (1, 3):
-        out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits)
+        out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits, causal=True)
         assert_close(out, ref)
-    non_causal = decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=False)
+    non_causal = decode_attention(q, k, v, _lengths(lengths), block_table=table)    # FlashAttention's default
     assert_close(non_causal, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table,
                                                         causal=False))
+    assert (non_causal - out).abs().max() > 1e-3, "causal and not must differ for seqlen_q > 1"
 
 
 def test_many_stacked_rows_use_several_row_blocks():
@@ -123,6 +124,40 @@ def test_half_precision():
     out = decode_attention(q, k, v, _lengths([70, 9]), num_splits=3)
     assert out.dtype == dtype
     assert_close(out, reference_decode_attention(q, k, v, _lengths([70, 9])), dtype=dtype)
+
+
+def test_bfloat16_everywhere():
+    """bf16 on CPU is computed in fp32 (the interpreter's bf16 sums are wrong: ~1e9 before this
+    was fixed); on a GPU in bf16. Both within bf16's tolerance of float64, lse included."""
+    q = torch.randn(2, 3, 4, 16, dtype=torch.bfloat16, device=DEVICE)
+    k, v = _cache(2, 40, 2, 16, dtype=torch.bfloat16)
+    out, lse = decode_attention(q, k, v, _lengths([40, 7]), num_splits=2, causal=True, return_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([40, 7]), causal=True), dtype=torch.bfloat16)
+    fp32 = decode_attention(q.float(), k.float(), v.float(), _lengths([40, 7]), num_splits=2, causal=True,
+                            return_lse=True)[1]
+    assert_close(lse, fp32, tol=1e-2, what="lse")
+
+
+def test_block_table_entries_past_the_last_page_are_not_checked_or_read():
+    """FlashAttention-style −1 padding after a sequence's last page is accepted; a −1 inside the
+    pages a sequence uses is refused (on CPU, or with check_contents=True)."""
+    k, v, table = _paged([10, 16], 8, heads_k=1, head_dim=16, spare_blocks=0)
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    padded = torch.cat([table, torch.full((2, 2), -1, dtype=torch.int32, device=table.device)], 1)
+    out = decode_attention(q, k, v, _lengths([10, 16]), block_table=padded, check_contents=True)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([10, 16]), block_table=table))
+    broken = padded.clone()
+    broken[1, 1] = -1                                                # page 1 of sequence 1 holds tokens 8..15
+    with pytest.raises(ValueError, match="block_table: a page that holds cached tokens"):
+        decode_attention(q, k, v, _lengths([10, 16]), block_table=broken, check_contents=True)
+
+
+def test_num_splits_zero_means_choose():
+    q = torch.randn(1, 1, 2, 16, device=DEVICE)
+    k, v = _cache(1, 64, 2, 16)
+    assert_close(decode_attention(q, k, v, _lengths([64]), num_splits=0),
+                 decode_attention(q, k, v, _lengths([64]), num_splits=None), tol=1e-6)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 arithmetic is wrong in Triton's interpreter")
@@ -172,7 +207,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="q"):
         decode_attention(q[0], k, v, ok)
     with pytest.raises(ValueError, match="num_splits"):
-        decode_attention(q, k, v, ok, num_splits=0)
+        decode_attention(q, k, v, ok, num_splits=-1)          # (0 is FlashAttention's "choose")
     with pytest.raises(ValueError, match="block_table"):
         decode_attention(q, k, v, ok, block_table=torch.zeros(2, 2, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="block_table"):
