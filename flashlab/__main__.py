@@ -108,6 +108,8 @@ def _add_config_options(parser, config, skip=()) -> None:
             extra.append(describe_range(meta))
         if meta.get("on_resume") == "fixed":
             extra.append("fixed on resume: taken from the checkpoint unless given, and must match it")
+        elif f.name not in _NOT_ADOPTED:
+            extra.append("on resume: the checkpoint's unless given")
         text = f"{meta['help']} ({'; '.join(extra)})"
         if kind is bool:
             group.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=text)
@@ -255,34 +257,51 @@ def _tsp_train_options(p) -> None:
     _add_config_options(p, KOOL_RUN)
 
 
+# Settings of the machine and the terminal, not of the run: on resume they keep this invocation's
+# value (a run trained with --device cuda may be resumed on another machine).
+_NOT_ADOPTED = {"resume", "device", "progress"}
+
+
 def _adopt_from_checkpoint(args, task, run):
-    """On resume, the fields that must match the checkpoint (model, task, seed, precision)
-    come from it unless given on the command line; given ones are checked by the Trainer."""
+    """On resume the run continues as it was: every setting not given on the command line is the
+    checkpoint's (model, task, seed, precision, and also batch size, learning rate, schedule, …),
+    except this machine's (`_NOT_ADOPTED`). Given settings override the free ones (one line says
+    what changed) and must equal the fixed ones (checked by the Trainer)."""
     from . import checkpoint
 
     saved = checkpoint.load(run.resume)
     stored = saved.config if isinstance(saved.config, dict) else {}
-    configs = []
+    configs, changed = [], []
     for config, key in ((task, "task"), (run, "run")):
-        fixed = {f.name for f in dataclasses.fields(config) if f.metadata.get("on_resume") == "fixed"}
-        if key == "task" and stored.get("task", {}).get("positions", "learned") == "learned":
-            fixed.add("seq_len")                     # the position table's size
+        names = {f.name for f in dataclasses.fields(config)} - _NOT_ADOPTED
         adopt = {name: value for name, value in stored.get(key, {}).items()
-                 if name in fixed and name not in args.given and hasattr(config, name)}
+                 if name in names and name not in args.given}
+        free = {f.name for f in dataclasses.fields(config) if f.metadata.get("on_resume") != "fixed"}
+        given = sorted(names & free & args.given)
+        changed += [f"{name} {stored[key][name]} → {getattr(config, name)}" for name in given
+                    if name in stored.get(key, {}) and name != "steps" and stored[key][name] != getattr(config, name)]
         configs.append(dataclasses.replace(config, **adopt))
-    return configs
+    step = saved.state.get("step") if isinstance(saved.state, dict) else None
+    if isinstance(step, int) and configs[1].steps <= step:
+        raise UsageError(f"--steps: the checkpoint is at step {step} already, and --steps {configs[1].steps} asks "
+                         f"for no more; give the total to reach, e.g. --steps {step + 100}.")
+    return (*configs, changed)
 
 
 def _build_trainer(trainer_class, args, task, run):
     _existing_file("--resume", run.resume)
+    changed = []
     if run.resume:
         try:
-            task, run = _adopt_from_checkpoint(args, task, run)
+            task, run, changed = _adopt_from_checkpoint(args, task, run)
         except CheckpointError as exc:
             raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
     task.check()
     run.check()
-    return trainer_class(task, run)
+    trainer = trainer_class(task, run)
+    if changed:                            # said once the run is accepted (a refused one prints only its error)
+        print("resume: changed from the checkpoint: " + "; ".join(changed), flush=True)
+    return trainer
 
 
 def _chosen_task(args) -> str:
@@ -310,9 +329,15 @@ def _train(args) -> None:
     if trainer.rank == 0:
         last = history[-1] if history else {}
         if task == "documents":
+            # the run's rate, not the last step's (a step's tokens vary with its drawn lengths); the
+            # first logged step is left out: it includes compilation and warm-up
+            timed = [r for r in history[1:] if r.get("tokens_per_s")] or history
+            tokens = sum(r.get("real_tokens", 0) for r in timed)
+            seconds = sum(r["real_tokens"] / r["tokens_per_s"] for r in timed if r.get("tokens_per_s"))
+            rate = tokens / seconds if seconds else float("nan")
             print(f"steps {trainer.step}, skipped {trainer.skipped_steps}, {trainer.task_config.packing}, last loss "
-                  f"{last.get('loss', float('nan')):.4f}, {last.get('tokens_per_s', float('nan')):.0f} real tokens/s, "
-                  f"next-token accuracy (held-out) {trainer.evaluate():.3f}")
+                  f"{last.get('loss', float('nan')):.4f}, {rate:.0f} real tokens/s (mean of the logged steps after "
+                  f"the first), next-token accuracy (held-out) {trainer.evaluate():.3f}")
             return
         print(f"steps {trainer.step}, skipped {trainer.skipped_steps}, last loss {last.get('loss', float('nan')):.4f}, "
               f"recall accuracy (held-out) {trainer.evaluate():.3f}")

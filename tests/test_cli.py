@@ -165,3 +165,29 @@ def test_resume_on_the_command_line_takes_the_checkpoints_settings_unless_given(
                           capsys)
     assert code == 2 and captured.err.count("\n") == 1
     assert "--resume: " in captured.err and "n_heads is 4 but the checkpoint has 2; seed is 1" in captured.err
+
+
+def test_resume_continues_with_the_checkpoints_run_settings(tmp_path, capsys):
+    """Found by a user trial: resuming without repeating --batch-size/--lr/--warmup-steps used to
+    reset them to the defaults silently. Now every setting not given is the checkpoint's, a given
+    free one overrides it (said in one line), and --steps at or below the checkpoint's step is a
+    one-line error rather than a run that trains nothing."""
+    from flashlab import checkpoint
+
+    out = str(tmp_path)
+    first = ["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
+             "--n-layers", "1", "--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4",
+             "--lr", "0.001", "--warmup-steps", "2", "--steps", "2", "--out-dir", out]
+    assert main(first) == 0
+    last = str(tmp_path / "checkpoint_last.pt")
+    capsys.readouterr()
+    assert main(["train", "--resume", last, "--steps", "3", "--no-progress"]) == 0
+    assert "changed from the checkpoint" not in capsys.readouterr().out
+    stored = checkpoint.load(last).config["run"]
+    assert (stored["batch_size"], stored["lr"], stored["warmup_steps"], stored["steps"]) == (4, 0.001, 2, 3)
+    assert main(["train", "--resume", last, "--steps", "4", "--lr", "0.002", "--no-progress"]) == 0
+    assert "resume: changed from the checkpoint: lr 0.001 → 0.002" in capsys.readouterr().out
+    assert checkpoint.load(last).config["run"]["batch_size"] == 4
+    code, captured = _run(["train", "--resume", last, "--steps", "4"], capsys)
+    assert code == 2 and captured.err.count("\n") == 1
+    assert "--steps: the checkpoint is at step 4 already" in captured.err
