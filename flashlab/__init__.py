@@ -16,6 +16,9 @@ The package the FlashLab course builds. Public API so far:
   `flashlab.runtime`: compiled (CUDA tensors) or interpreted (CPU tensors) kernels, per call.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
 - `flashlab.autotune`: candidate block sizes per GPU generation, and the autotuner that picks one per shape.
+- `decode_attention`: new query tokens against a KV cache, contiguous or paged, split over the keys
+  (flash-decoding); `varlen_attention`: packed sequences of different lengths (`cu_seqlens`), forward
+  and backward, with sliding windows (notebook 10).
 """
 
 # Nothing here imports Triton or sets anything process-wide: kernels are compiled or

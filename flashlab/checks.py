@@ -8,6 +8,8 @@ numbers for an input it cannot handle.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -130,7 +132,7 @@ def check_attention_inputs(
 def check_window(window) -> None:
     """``window`` is None or ``(left, right)``: two integers ≥ −1 (−1: unbounded on that side)."""
     if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2 and all(
-            isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+            isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1 for w in window)):
         _fail("window", f"expected (left, right) of integers ≥ −1, got {window!r}",
               "E.g. window=(4096, 0) with is_causal=True: each query sees itself and the 4096 keys before it; "
               "−1 = unbounded on that side, None = no window")

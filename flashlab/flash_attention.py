@@ -120,7 +120,9 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
             `flashlab.varlen_attention` (FlashAttention's alignment, to the end of the keys).
             ``window=(w, 0)`` with ``is_causal=True`` is a sliding window of the w keys before each
             query and itself. With ``is_causal`` (top-left) or ``attn_mask`` too, all apply; Nq = Nk
-            makes the two alignments one. The kernels visit only the tiles the window touches
+            makes the two alignments one. With Nq < Nk (a chunk of new queries after cached keys) the
+            two differ and together may leave every row empty (zeros): there, pass ``window=(w, 0)``
+            alone, which is already causal at the end of the keys. The kernels visit only the tiles the window touches
             (forward and backward), so the work grows with w, not with Nk.
 
     Returns:
