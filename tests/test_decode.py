@@ -153,6 +153,15 @@ def test_block_table_entries_past_the_last_page_are_not_checked_or_read():
         decode_attention(q, k, v, _lengths([10, 16]), block_table=broken, check_contents=True)
 
 
+def test_pages_smaller_than_the_key_tile_get_tiles_of_one_page():
+    from flashlab.decode import tiles_for_pages
+    h200 = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+    assert tiles_for_pages(h200, 64) == dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    assert tiles_for_pages(h200, 32)["BLOCK_N"] == 32
+    assert tiles_for_pages(h200, 256) == h200 and tiles_for_pages(h200, 128) == h200   # whole tiles per page
+    assert tiles_for_pages(h200, 16) == h200 and tiles_for_pages(h200, 48) == h200     # row gather
+
+
 def test_num_splits_zero_means_choose():
     q = torch.randn(1, 1, 2, 16, device=DEVICE)
     k, v = _cache(1, 64, 2, 16)
