@@ -7,7 +7,7 @@ The whole row's result follows from these alone (notebook 03's merge):
 
     m = max_s L_s,   w_s = exp(L_s − m),   O = Σ_s w_s O_s / Σ_s w_s,   L = m + log Σ_s w_s
 
-Test: ``pytest tests/test_ex10_split_kv_merge.py``
+Test: ``make test-ex EX=10``
 """
 
 import torch

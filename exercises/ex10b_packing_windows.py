@@ -8,7 +8,7 @@ Window convention (FlashAttention's): in a sequence of Lq queries and Lk keys, w
 shift = Lk − Lq, query i sees key j iff  i + shift − left ≤ j ≤ i + shift + right  and
 0 ≤ j < Lk. ``left`` or ``right`` = −1 means unbounded on that side.
 
-Test: ``pytest tests/test_ex10b_packing_windows.py``
+Test: ``make test-ex EX=10b``
 """
 
 import torch

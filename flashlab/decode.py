@@ -89,7 +89,10 @@ def choose_num_splits(programs_without_split: int, max_seqlen_cache: int, block_
         return 1
     wanted = math.ceil(2 * num_sms / max(1, programs_without_split))
     tiles = _cdiv(max(1, max_seqlen_cache), block_n)
-    return max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    splits = max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    # the kernel deals whole tiles, ceil(tiles / splits) to each split: drop the splits that would
+    # get none (512 tiles in 33 splits is 16 each, so 32 splits carry them and a 33rd stays empty)
+    return _cdiv(tiles, _cdiv(tiles, splits))
 
 
 def decode_traffic(batch, seqlen_q, heads, heads_k, head_dim, cache_len, dtype=torch.float16,

@@ -117,6 +117,18 @@ MUTANTS = [
      "student_t_cdf(t, n)"),
     ("ex09b_rollout_baseline", "statistics in the inputs' dtype", "d = (a - b).double()", "d = a - b"),
     ("ex09b_rollout_baseline", "p = 0 for identical samples", "if d.mean() < 0 else", "if d.mean() <= 0 else"),
+    ("ex10_split_kv_merge", "one maximum over every row instead of one per row", "m = lse_parts.amax(dim=0)",
+     "m = lse_parts.max()"),
+    ("ex10_split_kv_merge", "no maximum subtracted", "w = torch.exp(lse_parts - shift)", "w = torch.exp(lse_parts)"),
+    ("ex10_split_kv_merge", "log-sum-exp without the shift added back", "return o, shift + torch.log(total)",
+     "return o, torch.log(total)"),
+    ("ex10b_packing_windows", "offsets without the leading 0", "    offsets = [0]\n", "    offsets = []\n"),
+    ("ex10b_packing_windows", "the last key one short (no + 1)", "last_query + shift + right + 1)",
+     "last_query + shift + right)"),
+    ("ex10b_packing_windows", "window not aligned to the end of the keys", "    shift = k_len - q_len\n",
+     "    shift = 0\n"),
+    ("ex10b_packing_windows", "first tile not rounded down to a tile start", "range(lo // block_n * block_n, hi",
+     "range(lo, hi"),
 ]
 
 

@@ -37,8 +37,21 @@ def test_large_log_sum_exps_do_not_overflow(exercise):
     scores = torch.randn(2, 40, dtype=torch.float64) * 5 + 1000.0
     v = torch.randn(40, 4, dtype=torch.float64)
     o, lse = exercise.merge_splits(*_split_results(scores, v, [0, 13, 40]))
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), \
+        "O or L is not finite: subtract m = max over the splits of L_s (per row) before exponentiating"
     assert_close(o, torch.softmax(scores, -1) @ v, what="O")
+
+
+def test_each_row_takes_its_own_maximum(exercise):
+    """One maximum over every row (instead of one per row) underflows the rows far below it:
+    here row 1's scores sit near 0 while row 0's sit near 1000."""
+    scores = torch.randn(2, 40, dtype=torch.float64)
+    scores[0] += 1000.0
+    v = torch.randn(40, 4, dtype=torch.float64)
+    o, lse = exercise.merge_splits(*_split_results(scores, v, [0, 13, 40]))
+    assert torch.isfinite(lse).all(), "a row lost all its weight: take m = max over the splits per row, not overall"
+    assert_close(o, torch.softmax(scores, -1) @ v, what="O (rows of very different size)")
+    assert_close(lse, torch.logsumexp(scores, -1), what="L (rows of very different size)")
 
 
 def test_rows_with_no_key_give_zeros(exercise):

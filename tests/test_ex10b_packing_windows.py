@@ -34,7 +34,8 @@ def test_window_key_tiles_match_brute_force(exercise, left, right, q_len, k_len)
             last = min(first + block_m, q_len) - 1
             want = _brute_force(first, last, q_len, k_len, left, right, block_n)
             got = exercise.window_key_tiles(first, last, q_len, k_len, left, right, block_n)
-            assert list(got) == want, (first, last, q_len, k_len, left, right, block_n)
+            assert list(got) == want, (f"rows {first}..{last}, q_len={q_len}, k_len={k_len}, window=({left}, {right}), "
+                                       f"block_n={block_n}: got {list(got)}, want {want}")
 
 
 def test_a_sliding_window_visits_a_constant_number_of_tiles(exercise):
