@@ -321,7 +321,12 @@ class Trainer:
         loss_value, metric_total, metric_n = stats.tolist()
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm.item())
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        if finite:
+        if metric_n == 0:
+            # nothing to learn from (e.g. documents of one token: no next-token target): no update,
+            # which AdamW would still make from its momentum and weight decay; the loss is undefined
+            loss_value, finite = float("nan"), False
+            self.skipped_steps += 1
+        elif finite:
             self.scaler.step(self.optimizer)
             self.bad_in_a_row = 0
         else:                                                        # NaN/inf guard: skip, count

@@ -62,6 +62,21 @@ def test_a_short_run_learns_and_logs_real_tokens(packing, tmp_path):
     assert all((r["token_slots"] == r["real_tokens"]) == (packing == "packed") for r in rows)
 
 
+@pytest.mark.parametrize("packing", ["packed", "padded"])
+def test_a_batch_without_targets_updates_nothing(packing, monkeypatch):
+    """Found by a user trial: a batch of one-token documents (no next-token target) logged loss 0
+    and stepped AdamW (momentum and weight decay still move the weights). Now: no update, loss NaN,
+    counted as skipped but not as a run of bad steps."""
+    trainer = _trainer(packing, steps=1)
+    monkeypatch.setattr(trainer, "micro_documents", lambda step, micro, rank=None: [torch.tensor([3])] * 4)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    metrics = trainer.train_step()
+    assert metrics["loss"] != metrics["loss"] and metrics["skipped"] == 1          # NaN
+    assert trainer.skipped_steps == 1 and trainer.bad_in_a_row == 0
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[name]), name
+
+
 def test_resume_continues_exactly(tmp_path):
     """Two steps, a checkpoint, two more, equal an uninterrupted run of four (weights, losses);
     a checkpoint of another task or model is refused."""
