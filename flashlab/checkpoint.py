@@ -191,6 +191,10 @@ def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") ->
         raise CheckpointError(f"checkpoint: {path} has format version {outer.get('version')!r}; this flashlab reads "
                               f"versions ≤ {VERSION}. Upgrade flashlab.")
     found = outer.get("kind")
+    if found not in KINDS:
+        # the kind sits outside the hashed payload: a damaged key or value must not pass as "no kind"
+        raise CheckpointError(f"checkpoint: {path} names no known kind ({found!r}); the file is damaged or was "
+                              f"written by a newer flashlab: resume from an earlier one.")
     wanted = (kind,) if isinstance(kind, str) else kind
     if wanted is not None and found not in wanted:
         raise CheckpointError(f"checkpoint: {path} is a {found} checkpoint ({KINDS.get(found, '?')}); this needs "

@@ -182,6 +182,25 @@ def test_the_wrong_kind_of_checkpoint_says_what_it_is(tmp_path, capsys):
         checkpoint.load(legacy)
 
 
+def test_a_flip_in_the_unhashed_kind_is_refused(tmp_path):
+    """The kind is stored beside the hashed payload. Found by the random flips below (one run in
+    many): a flip in its key ("kind" → "kine") loaded as a checkpoint of no kind. Every bit of the
+    key and of the value is flipped here."""
+    path = tmp_path / "c.pt"
+    checkpoint.save(path, "lm-model", {"d_model": 16}, {"w": torch.zeros(2)})
+    data = path.read_bytes()
+    spots = [i for i in range(len(data) - 8) if data[i:i + 4] == b"kind" or data[i:i + 8] == b"lm-model"]
+    assert spots, "the kind's key and value are in the archive's pickle"
+    for start in spots:
+        width = 4 if data[start:start + 4] == b"kind" else 8
+        for position in range(start * 8, (start + width) * 8):
+            damaged = bytearray(data)
+            damaged[position // 8] ^= 1 << (position % 8)
+            (tmp_path / "d.pt").write_bytes(bytes(damaged))
+            with pytest.raises(checkpoint.CheckpointError):
+                checkpoint.load(tmp_path / "d.pt")
+
+
 def test_no_bit_flip_loads_as_different_data(tmp_path):
     """Flip one random bit, 60 times anywhere in a file: each copy is refused, or (a flip in
     the archive's padding) loads exactly the saved data, never different data."""
