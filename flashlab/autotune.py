@@ -236,19 +236,26 @@ _forced: dict[str, Config] = {}
 
 
 @contextlib.contextmanager
-def force(**configs: Config):
-    """Run the kernels with these configurations, e.g. ``force(forward=Config(16, 32, 4, 1))``
-    (tests of unusual tile shapes, and the GPU test of every candidate)."""
-    unknown = set(configs) - set(KERNELS)
+def overriding(store: dict, kernels, configs: dict):
+    """Put ``configs`` (kernel name → configuration) into ``store`` for the ``with`` block, then
+    restore it; names outside ``kernels`` are refused. The mechanism behind `force` and
+    `flashlab.flash_small.force`."""
+    unknown = set(configs) - set(kernels)
     if unknown:
-        raise ValueError(f"force: unknown kernels {sorted(unknown)}; expected some of {KERNELS}")
-    saved = dict(_forced)
-    _forced.update(configs)
+        raise ValueError(f"force: unknown kernels {sorted(unknown)}; expected some of {tuple(kernels)}")
+    saved = dict(store)
+    store.update(configs)
     try:
         yield
     finally:
-        _forced.clear()
-        _forced.update(saved)
+        store.clear()
+        store.update(saved)
+
+
+def force(**configs: Config):
+    """Run the kernels with these configurations, e.g. ``force(forward=Config(16, 32, 4, 1))``
+    (tests of unusual tile shapes, and the GPU test of every candidate)."""
+    return overriding(_forced, KERNELS, configs)
 
 
 def enabled() -> bool:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .varlen_triton import online_softmax_step  # the online-softmax update, shared
+
 
 @triton.jit
 def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
@@ -106,13 +108,7 @@ def decode_split_kernel(
         if IS_CAUSAL:
             valid = valid & (cols[None, :] <= last_key[:, None])
         s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)    # no key yet: avoid −inf − −inf
-        p = tl.math.exp2(s - m_safe[:, None])                    # P̃ = 2^(S − m')
-        alpha = tl.math.exp2(m_i - m_safe)                       # 2^(m − m')
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
 
     has_key = l_i > 0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]                # a row with no key: 0, not 0/0

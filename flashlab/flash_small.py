@@ -35,7 +35,6 @@ FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .autotune import overriding
 from .flash_triton import LOG2E, _tile_scores, dropout_keep
 from .runtime import kernel_for
 
@@ -125,20 +125,10 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device) -> Sma
 _forced: dict[str, SmallConfig] = {}
 
 
-@contextlib.contextmanager
 def force(**configs: SmallConfig):
     """Launch the small kernels with these configurations, e.g.
     ``force(forward=SmallConfig(16, heads=2))`` (the GPU script's comparisons, tests)."""
-    unknown = set(configs) - {"forward", "backward"}
-    if unknown:
-        raise ValueError(f"force: unknown kernels {sorted(unknown)}; expected 'forward' and/or 'backward'")
-    saved = dict(_forced)
-    _forced.update(configs)
-    try:
-        yield
-    finally:
-        _forced.clear()
-        _forced.update(saved)
+    return overriding(_forced, ("forward", "backward"), configs)
 
 
 # -- kernels ---------------------------------------------------------------------------------

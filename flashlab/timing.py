@@ -29,11 +29,11 @@ def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 10
     return statistics.median(times)
 
 
-def time_graph_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median time of ``fn()`` captured once in a CUDA graph and replayed (milliseconds): the
-    GPU's time alone, without the Python and launch cost that `time_ms` also counts when a call
-    is shorter than its own overhead. ``fn`` must not synchronise with the host; it runs a few
-    times on a side stream first (compilation, autotuning, allocator warm-up), as capture needs."""
+def capture_cuda_graph(fn):
+    """``(graph, output)``: ``fn()`` captured once in a CUDA graph, and what the captured call
+    returned (its tensors are the graph's static outputs, rewritten by every ``graph.replay()``).
+    ``fn`` must not synchronise with the host; it runs three times on a side stream first
+    (compilation, autotuning, allocator warm-up), as torch.cuda.graphs asks before a capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -42,7 +42,15 @@ def time_graph_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        output = fn()
+    return graph, output
+
+
+def time_graph_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median time of ``fn()`` captured once in a CUDA graph and replayed (milliseconds): the
+    GPU's time alone, without the Python and launch cost that `time_ms` also counts when a call
+    is shorter than its own overhead (`capture_cuda_graph` says what ``fn`` must allow)."""
+    graph, _ = capture_cuda_graph(fn)
     return time_ms(graph.replay, "cuda", warmup_ms, rep_ms)
 
 

@@ -40,6 +40,19 @@ def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale,
 
 
 @triton.jit
+def online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION: tl.constexpr):
+    """Folds one key tile's scores ``s`` (base 2, masked entries −inf) and values ``v`` into the
+    online-softmax state (acc, l, m) of notebook 03; shared by the varlen and decode kernels."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)    # no key yet: avoid −inf − −inf
+    p = tl.math.exp2(s - m_safe[:, None])                    # P̃ = 2^(S − m')
+    alpha = tl.math.exp2(m_i - m_safe)                       # 2^(m − m')
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, hi, q_len, k_len, shift, left, right,
                    qk_scale, skt, svt, CHECKED: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Folds key tiles lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
@@ -55,13 +68,7 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, h
             k = tl.load(k_ptrs + start_n * skt, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs + start_n * svt, mask=d_ok[None, :], other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)    # no key yet: avoid −inf − −inf
-        p = tl.math.exp2(s - m_safe[:, None])                    # P̃ = 2^(S − m')
-        alpha = tl.math.exp2(m_i - m_safe)                       # 2^(m − m')
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
     return acc, l_i, m_i
 
 

@@ -93,23 +93,12 @@ def eager_ms(fn, device, size) -> float:
 
 
 def graph_ms(fn, device, size):
-    """Replay time of ``fn`` captured in a CUDA graph (three warm-up calls on a side stream
-    first, as torch.cuda.graphs recommends); a string saying why not where it cannot be."""
+    """Replay time of ``fn`` captured in a CUDA graph (`flashlab.timing.time_graph_ms`); a string
+    saying why not where it cannot be."""
     if device != "cuda":
         return "CUDA graphs need a CUDA GPU"
-    from flashlab.timing import time_ms
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    ms = time_ms(graph.replay, "cuda", size["warmup_ms"], size["rep_ms"])
-    del graph
-    return ms
+    from flashlab.timing import time_graph_ms
+    return time_graph_ms(fn, size["warmup_ms"], size["rep_ms"])
 
 
 def _refusal(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ import torch
 from flashlab import assert_close, flash_small, reference_attention, reference_gradients
 from flashlab.flash_attention import attention
 from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
+from flashlab.timing import capture_cuda_graph
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -165,15 +166,7 @@ def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
         out.backward(grad)
         return out
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
+    graph, static_out = capture_cuda_graph(step)
     for _ in range(2):
         with torch.no_grad():
             for t in (q, k, v, grad):
