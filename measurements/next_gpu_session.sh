@@ -22,11 +22,11 @@
 # in this order, each one call:
 #   bash measurements/next_gpu_session.sh ladder OUT      issue 21: the whole Hopper ladder (~8 min);
 #       then set flash_hopper_launch.ON_BY_DEFAULT from it (results/h200/hopper_ladder.json)
-#   bash measurements/next_gpu_session.sh small OUT       issue 19: small_graphs (~5 min), then the
-#       dense-window GPU tests and notebook 10's window section (issue 20), then the TF32 test
-#       that failed at D = 96 on 2026-12-03 (issue 17), with its traceback
-#   bash measurements/next_gpu_session.sh property OUT    issue 17: the property test on the GPU
-#       (600 examples, autotuning off; 2026-12-03's 520-example attempt did not finish in 190 s)
+#   bash measurements/next_gpu_session.sh checks OUT      issue 17: the property test on the GPU
+#       (8 seeds × 100 examples in parallel; 2026-12-03's single 520-example process did not finish
+#       in 190 s) and the TF32 tests that failed at D = 96 on 2026-12-03, with tracebacks; issue 20:
+#       the dense-window GPU tests, then notebook 10's window timing alone (~7 min in all)
+#   bash measurements/next_gpu_session.sh small OUT       issue 19: small_graphs (~5 min)
 set -u
 phase=$1 out=$2
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
@@ -48,14 +48,25 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
 elif [ "$phase" = ladder ]; then
   timeout 570 python -m measurements.hopper_ladder "$out" --budget-s 450 > "$out/ladder.log" 2>&1; tail -n 12 "$out/ladder.log"
-elif [ "$phase" = small ]; then
-  timeout 330 python -m measurements.small_graphs "$out" > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+elif [ "$phase" = checks ]; then
+  # correctness first, in parallel (compilation-bound; 16 CPU cores): the property test as 8
+  # processes of 100 examples with different seeds, the dense-window tests, the TF32 tests;
+  # then, alone on the GPU, notebook 10's window timing
+  for s in 0 1 2 3 4 5 6 7; do
+    FLASHLAB_PROPERTY_SEED=$s FLASHLAB_PROPERTY_EXAMPLES=100 timeout 260 python -m pytest -q -p no:cacheprovider \
+      -o addopts= tests/test_attention_properties.py -rA --tb=short > "/tmp/property_seed$s.log" 2>&1 &
+  done
+  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_attention.py -k window -rA \
+    > "$out/window_tests.log" 2>&1; tail -n 3 "$out/window_tests.log"
+  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_autotune.py -k "tf32" -rA \
+    --tb=long > "$out/tf32.log" 2>&1; tail -n 30 "$out/tf32.log"
+  wait
+  for s in 0 1 2 3 4 5 6 7; do echo "== seed $s"; cat "/tmp/property_seed$s.log"; done > "$out/property_gpu.log"
+  grep -h "passed\|failed\|error" /tmp/property_seed*.log | tail -n 8
   mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
-  timeout 150 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 4 "$out/nb10/windows.log"
-  timeout 120 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_attention.py -k window \
-    > "$out/nb10/window_tests.log" 2>&1; tail -n 3 "$out/nb10/window_tests.log"
-  timeout 60 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_autotune.py -k "tf32 and 96" -x \
-    --tb=short > "$out/tf32_d96.log" 2>&1; tail -n 20 "$out/tf32_d96.log"
+  timeout 200 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 6 "$out/nb10/windows.log"
+elif [ "$phase" = small ]; then
+  timeout 400 python -m measurements.small_graphs "$out" > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = property ]; then
   FLASHLAB_PROPERTY_EXAMPLES=600 timeout 560 python -m pytest -q -p no:cacheprovider -o addopts= \
     tests/test_attention_properties.py -rA > "$out/property_gpu.log" 2>&1; tail -n 5 "$out/property_gpu.log"

@@ -5,7 +5,10 @@ of the examples, gradients (a float mask's too).
 
 Examples: FLASHLAB_PROPERTY_EXAMPLES (default 500 on CPU, where most run the interpreted
 kernels at tiny sizes in about 70 s; 1500 on a GPU, where each new kernel specialisation
-compiles once, autotuning off). Derandomized: CI draws the same examples every run."""
+compiles once, autotuning off). Derandomized: CI draws the same examples every run.
+FLASHLAB_PROPERTY_SEED=s draws another fixed set instead, so a GPU run can spread the examples
+over processes (each compiles its own specialisations; compilation dominates there):
+measurements/next_gpu_session.sh property runs 8 seeds in parallel."""
 
 import math
 import os
@@ -24,6 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 EXAMPLES = int(os.environ.get("FLASHLAB_PROPERTY_EXAMPLES", 1500 if CUDA else 500))
+SEED = os.environ.get("FLASHLAB_PROPERTY_SEED")          # None: hypothesis derandomizes
 # normwise relative error vs float64; half precision rounds inputs and output
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2, torch.float64: 1e-10}
 ran = {"examples": 0}
@@ -65,8 +69,13 @@ def _no_tuning(monkeypatch):
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+def _seeded(test):
+    return test if SEED is None else hypothesis.seed(int(SEED))(test)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=SEED is None, database=None,
           suppress_health_check=list(HealthCheck))
+@_seeded
 @given(case=cases())
 def test_attention_matches_sdpa_in_float64(case):
     ran["examples"] += 1
