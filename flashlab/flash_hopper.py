@@ -340,18 +340,19 @@ _SAME_TILES = {
     "dkdv": {64: [Tiles(64, 64, 4, 2)], 128: [Tiles(64, 64, 4, 2)]},
     "dq": {64: [Tiles(64, 64, 4, 2)], 128: [Tiles(64, 64, 4, 2)]},
 }
-# Step 4's candidates, the dispatcher's default first. dK/dV at D = 128 with 8 warps: the two fp32
-# accumulators (BLOCK_N × 128 each) spread over twice the threads, the way out of the course
-# kernel's spills. The ahead-of-time compile for sm_90 with Triton 3.6
-# (results/cpu_aot/hopper_ladder_sm90_triton36.txt) picked the defaults: none of them spills;
-# 64x128 w8 spills 16 B at D = 128 causal, so it is a candidate, not the default.
+# Step 4's candidates, the dispatcher's default first. The order comes from the first full ladder
+# run on an H200 (2026-12-03, results/h200/hopper_ladder_2026-12-03_first_full.json), which timed
+# every candidate on 16 shapes: the forward at D = 128 was fastest with 64x64 tiles and 4 warps on
+# all 8 of them (0.54 against 0.65 ms at N = 2k full), and no candidate beat step 3's 64x64 w4
+# dK/dV and dQ tiles (at D = 128 the 8-warp dK/dV tiles that were meant to end the spills cost
+# 8-70% more time), so those stay first. The others remain candidates, timed in every run.
 _WIDE_TILES = {
-    "forward": {64: [Tiles(128, 128, 8, 2), Tiles(128, 64, 4, 3), Tiles(128, 128, 4, 2)],
-                128: [Tiles(128, 128, 8, 2), Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 3)]},
-    "dkdv": {64: [Tiles(64, 128, 8, 2), Tiles(64, 64, 4, 2), Tiles(32, 128, 4, 2)],
-             128: [Tiles(64, 64, 8, 2), Tiles(64, 128, 8, 2), Tiles(32, 64, 4, 2)]},
-    "dq": {64: [Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 2), Tiles(128, 128, 8, 2)],
-           128: [Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 2), Tiles(64, 32, 4, 2)]},
+    "forward": {64: [Tiles(128, 64, 4, 3), Tiles(128, 128, 4, 2), Tiles(128, 128, 8, 2)],
+                128: [Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2)]},
+    "dkdv": {64: [Tiles(64, 64, 4, 2), Tiles(32, 128, 4, 2), Tiles(64, 128, 8, 2)],
+             128: [Tiles(64, 64, 4, 2), Tiles(64, 128, 8, 2), Tiles(32, 64, 4, 2), Tiles(64, 64, 8, 2)]},
+    "dq": {64: [Tiles(64, 64, 4, 2), Tiles(128, 64, 8, 2), Tiles(128, 128, 8, 2)],
+           128: [Tiles(64, 64, 4, 2), Tiles(128, 64, 8, 2), Tiles(64, 32, 4, 2)]},
 }
 
 # Step 0 is the course kernel itself (flash_triton.py through flash_launch); steps 1… each add
@@ -363,6 +364,6 @@ LADDER = (
     Step("2 exp2 FMA", "softmax scale·log2(e) folded into the exponent: one FMA per score, the row max scaled "
          "once per row", True, False, _SAME_TILES),
     Step("3 tensor descriptors", "tiles loaded and stored through TMA tensor descriptors", True, True, _SAME_TILES),
-    Step("4 tiles", "other tiles: forward 128x128 with 8 warps, dK/dV with 8 warps (64x128 at D = 64, "
-         "64x64 at D = 128), dQ 128x64 with 8 warps (and the step's other candidates)", True, True, _WIDE_TILES),
+    Step("4 tiles", "the forward at D = 128 with 64x64 tiles and 4 warps (step 3: 128x64, 8 warps); every "
+         "kernel's other candidates timed beside the dispatched ones", True, True, _WIDE_TILES),
 )

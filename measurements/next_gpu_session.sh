@@ -46,6 +46,11 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   rm -f "$out"/*/checkpoint_*.pt
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
+elif [ "$phase" = profile-and-ladder ]; then
+  # issue 19: where an eager small call spends its host time; issue 21: the ladder again, step 4
+  # reordered from the first full run (its dispatched tiles are each list's first)
+  timeout 60 python -m measurements.small_eager_profile "$out" > /dev/null 2>&1; head -n 3 "$out/small_eager_profile.txt"
+  timeout 500 python -m measurements.hopper_ladder "$out" --budget-s 430 > "$out/ladder.log" 2>&1; tail -n 8 "$out/ladder.log"
 elif [ "$phase" = ladder ]; then
   timeout 570 python -m measurements.hopper_ladder "$out" --budget-s 450 > "$out/ladder.log" 2>&1; tail -n 12 "$out/ladder.log"
 elif [ "$phase" = checks ]; then

@@ -373,24 +373,40 @@ def test_fp32_large_head_dims_compile_and_agree_on_gpu(monkeypatch, d, tune):
 @pytest.mark.parametrize("d", [96, 128, 256])
 def test_tf32_large_head_dims_tune_and_agree_on_gpu(monkeypatch, d):
     """With TF32 allowed (torch.set_float32_matmul_precision("high")), fp32 is tuned like bf16:
-    every candidate that fits the shared memory at 4 bytes per element compiles and is timed."""
+    every candidate that fits the shared memory at 4 bytes per element compiles and is timed.
+    Accuracy: TF32 keeps 10 mantissa bits, and the gradients of a loss like Σ O² subtract
+    near-equal terms (dP − rowsum(dO ∘ O)), so a fixed tolerance fails by a hair at D = 256
+    (5.1e-3 against 5e-3 on an H200, 2026-12-03). The measure is PyTorch's own attention in TF32
+    (the same products, matmuls in TF32) against float64: flashlab's error stays within 3× it."""
     from flashlab import attention
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "1")
     monkeypatch.setattr(autotune.tuner, "cache_path", "")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, d, device="cuda", requires_grad=True) for _ in range(3))
+
+    def math_attention(q, k, v):                     # PyTorch's matmuls, softmax in fp32
+        return torch.softmax(q @ k.transpose(-1, -2) * d ** -0.5, dim=-1) @ v
+
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        q, k, v = (torch.randn(1, 2, 300, d, device="cuda", requires_grad=True) for _ in range(3))
-        out = attention(q, k, v)
-        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        results = {}
+        for name, fn in (("flashlab", attention), ("torch tf32", math_attention)):
+            out = fn(q, k, v)
+            results[name] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v)))
     finally:
         torch.set_float32_matmul_precision(before)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64)
-    ref_grads = torch.autograd.grad(ref.square().sum(), (q64, k64, v64))
-    for got, want in zip((out, *grads), (ref, *ref_grads)):
-        error = float((got.double() - want).norm() / want.norm())
-        assert error < 5e-3, (d, error)                    # TF32 products: 10 mantissa bits
+    want = (ref, *torch.autograd.grad(ref.square().sum(), (q64, k64, v64)))
+
+    def errors(got):
+        return [float((g.detach().double() - w).norm() / w.norm()) for g, w in zip(got, want)]
+    ours, torchs = errors(results["flashlab"]), errors(results["torch tf32"])
+    for what, mine, theirs in zip(("out", "dq", "dk", "dv"), ours, torchs):
+        assert mine < 1e-2, (d, what, mine)                      # TF32 at all, not garbage
+        assert mine <= 3 * theirs + 1e-5, (d, what, mine, theirs)
+    assert max(torchs) > 1e-5, "TF32 was not in effect for PyTorch's matmuls"
 
 
 # -- pre-tuning: the command's and the function's errors on CPU ---------------------------------
