@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .flash_triton import dot  # tl.dot with TF32 operands rounded to nearest
 from .varlen_triton import online_softmax_step  # the online-softmax update, shared
 
 
@@ -103,7 +104,7 @@ def decode_split_kernel(
                                 sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
         v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
                                 sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale     # S = Q Kᵀ·scale·log2 e
+        s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale     # S = Q Kᵀ·scale·log2 e
         valid = col_ok[None, :] & row_ok[:, None]
         if IS_CAUSAL:
             valid = valid & (cols[None, :] <= last_key[:, None])

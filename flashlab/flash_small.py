@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .autotune import overriding
-from .flash_triton import LOG2E, _tile_scores, dropout_keep
+from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
@@ -175,7 +175,7 @@ def small_forward_kernel(
         l = tl.sum(p, 1)                                # l = rowsum P̃ (before dropout)
         if DROPOUT:
             p = tl.where(dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p), p, 0.0)
-        acc = tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)     # P̃ V
+        acc = dot(p.to(v.dtype), v, INPUT_PRECISION)     # P̃ V
         has_key = l > 0
         o = acc / tl.where(has_key, l, 1.0)[:, None]    # O = P̃ V / l; a row with no key: 0
         if DROPOUT:
@@ -237,18 +237,18 @@ def small_backward_kernel(
                 s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
                                  IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
-                dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # dP = dO Vᵀ
+                dp = dot(do, tl.trans(v), INPUT_PRECISION)  # dP = dO Vᵀ
                 if DROPOUT:
                     keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
                     p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-                    dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+                    dv += dot(tl.trans(p_dropped.to(do.dtype)), do, INPUT_PRECISION)
                     dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)   # through Z/(1−p)
                 else:
-                    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
+                    dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
                 ds = p * (dp - delta[:, None])                                # dS = P ∘ (dP − D)
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+                dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
                 # dQ_i = dS K · scale is complete: this program holds every key of the head
-                dq = tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION) * sm_scale
+                dq = dot(ds.to(k.dtype), k, INPUT_PRECISION) * sm_scale
                 tl.store(DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
                          dq.to(DQ.dtype.element_ty), mask=q_ok)
         tl.store(DK + z * stride_dkz + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],

@@ -200,12 +200,37 @@ def _query_range(start_n, n_q, n_k, band_lo, band_hi, IS_CAUSAL: tl.constexpr, H
 
 
 @triton.jit
+def _round_to_tf32(x):
+    """fp32 → TF32 (10 mantissa bits), rounded to nearest even; Inf and NaN kept. Hopper's tensor
+    cores read an fp32 operand's top 19 bits and drop the rest (round toward zero): on an H200 that
+    made flashlab's TF32 attention 3.6× less accurate (normwise 1.5e-3) than PyTorch's TF32 matmuls
+    (4.2e-4), which round to nearest. Triton's own TF32 tensor descriptors round this way."""
+    bits = x.to(tl.uint32, bitcast=True)
+    special = (bits & 0x7F800000) == 0x7F800000
+    rounded = (bits + (((bits >> 13) & 1) + 0xFFF)) & 0xFFFFE000
+    return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dot(a, b, INPUT_PRECISION: tl.constexpr):
+    """a @ b with fp32 sums. INPUT_PRECISION "ieee": exact products; "tf32": fp32 operands
+    rounded to TF32 to nearest first (then the tensor cores' truncation drops only zeros), as
+    cuBLAS does when torch allows TF32; 16-bit operands go to the tensor cores as they are."""
+    if INPUT_PRECISION == "tf32":
+        if a.dtype == tl.float32:
+            a = _round_to_tf32(a)
+        if b.dtype == tl.float32:
+            b = _round_to_tf32(b)
+    return tl.dot(a, b, input_precision=INPUT_PRECISION)
+
+
+@triton.jit
 def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
                  IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """S = Q Kᵀ for the tile of queries ``rows`` and keys ``cols``, in base-2 units, with
     every masked entry at −inf."""
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
     valid = (cols < n_k)[None, :] & (rows < n_q)[:, None]
     if IS_CAUSAL:
         valid = valid & (cols[None, :] <= rows[:, None])        # top-left: key j ≤ query i
@@ -269,7 +294,7 @@ def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scal
     else:
         k = _load_whole_rows(k_ptrs, d_ok, EVEN_D)
         v = _load_whole_rows(v_ptrs, d_ok, EVEN_D)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
     return k, v, s
 
 
@@ -295,7 +320,7 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:                                             # l keeps every P̃; only acc sees Z
             p = tl.where(dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p), p, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, INPUT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -414,20 +439,20 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, s
         else:
             q = _load_whole_rows(q_ptrs + start_m * stride_qm, d_ok, EVEN_D)
             do = _load_whole_rows(do_ptrs + start_m * stride_dom, d_ok, EVEN_D)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
             lse = tl.load(L + offs_m)
             delta = tl.load(DELTA + offs_m)
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)                # dP = dO Vᵀ
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)                # dP = dO Vᵀ
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-            dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=INPUT_PRECISION)
+            dv += dot(tl.trans(p_dropped.to(do.dtype)), do, INPUT_PRECISION)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
         else:
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
+            dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
         ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
     return dk, dv
 
 
@@ -517,12 +542,12 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
                              mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale, band_lo,
                              band_hi, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, EVEN_D, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)               # dQ += dS K
+        dq += dot(ds.to(k.dtype), k, INPUT_PRECISION)               # dQ += dS K
     return dq
 
 

@@ -26,14 +26,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .flash_triton import clean_range  # the band's unmasked tiles, shared with the dense kernels
+from .flash_triton import clean_range, dot  # the band's unmasked tiles; the TF32-rounding dot
 
 
 @triton.jit
 def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale,
                  INPUT_PRECISION: tl.constexpr):
     """S = Q Kᵀ·scale·log2 e for one tile, −inf outside the sequence and outside the band."""
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
     rel = cols[None, :] - (offs_m[:, None] + shift)                # j − (i + shift)
     valid = (offs_m < q_len)[:, None] & (cols < k_len)[None, :] & (rel >= -left) & (rel <= right)
     return tl.where(valid, s, -float("inf"))
@@ -48,7 +48,7 @@ def online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION: tl.constexpr):
     p = tl.math.exp2(s - m_safe[:, None])                    # P̃ = 2^(S − m')
     alpha = tl.math.exp2(m_i - m_safe)                       # 2^(m − m')
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, INPUT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -67,7 +67,7 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, h
         else:
             k = tl.load(k_ptrs + start_n * skt, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs + start_n * svt, mask=d_ok[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
     return acc, l_i, m_i
 
@@ -144,12 +144,12 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs
             do = tl.load(do_ptrs + start_m * sdt, mask=d_ok[None, :], other=0.0)
             lse = tl.load(l_ptrs + start_m)
             delta = tl.load(delta_ptrs + start_m)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse[:, None])                                         # P = 2^(S − L)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=INPUT_PRECISION)  # dV += Pᵀ dO
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)              # dP = dO Vᵀ
+        dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)              # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])                                             # dS = P ∘ (dP − D)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=INPUT_PRECISION)   # dK += dSᵀ Q
+        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
     return dk, dv
 
 
@@ -168,11 +168,11 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, h
         else:
             k = tl.load(k_ptrs + start_n * skt, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs + start_n * svt, mask=d_ok[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)             # dQ += dS K
+        dq += dot(ds.to(k.dtype), k, INPUT_PRECISION)             # dQ += dS K
     return dq
 
 
