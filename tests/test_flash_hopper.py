@@ -144,7 +144,7 @@ def test_attention_takes_the_hopper_path_on_hopper(monkeypatch):
 
 
 def test_unset_follows_the_default(monkeypatch):
-    """Unset, FLASHLAB_HOPPER takes ON_BY_DEFAULT (off until the ladder measured the path)."""
+    """Unset, FLASHLAB_HOPPER takes ON_BY_DEFAULT (on since the ladder measured the path on an H200)."""
     monkeypatch.delenv("FLASHLAB_HOPPER", raising=False)
     monkeypatch.setattr(flash_hopper_launch, "ON_BY_DEFAULT", False)
     assert not flash_hopper_launch.enabled()
