@@ -156,7 +156,7 @@ class DocumentsTrainer(Trainer):
             tokens, cu_seqlens, max_len = inputs
             return packed_forward(self.model, tokens, cu_seqlens, max_len,
                                   varlen=self.task_config.attention == "flashlab")
-        return (self.ddp or self.model)(inputs)
+        return self.forward_model(inputs)
 
     def compute_loss(self, inputs, targets):
         """(mean cross-entropy over the real next-token targets, correct predictions, targets)."""

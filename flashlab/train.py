@@ -79,6 +79,10 @@ class RunConfig:
     precision: str = option("32-true", "precision mode (flashlab.mixed_precision)",
                             choices=tuple(PRECISIONS), on_resume="fixed")
     tf32: bool = option(True, "fp32 matmuls on TF32 tensor cores (GPU only)")
+    compile: str = option("off", "torch.compile the model for training steps: default (inductor kernels), "
+                                 "reduce-overhead (inductor, then CUDA graphs replay each step: for launch-bound "
+                                 "models such as the TSP decoder); the first steps pay the compilation",
+                          choices=("off", "default", "reduce-overhead"))
     max_bad_steps: int = option(20, "stop once this many optimizer steps in a row were skipped for a non-finite "
                                     "loss or gradient norm; 0 = never stop (skip and count only)", low=0)
     time_limit_min: float = option(0.0, "stop once training has taken this many minutes, counted across resumes; "
@@ -212,6 +216,12 @@ class Trainer:
         if self.world > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        # what a training step calls: the model (or its DDP wrapper), compiled if asked; checkpoints
+        # and evaluation keep using self.model, whose parameters the compiled module shares
+        self.forward_model = self.ddp or self.model
+        if run.compile != "off":
+            mode = None if run.compile == "default" else run.compile
+            self.forward_model = torch.compile(self.forward_model, mode=mode)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]      # no weight decay on norms and biases
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         # Adam divides by sqrt(v) + eps. In fp16 (16-true) eps = 1e-8 rounds to 0, and a weight
@@ -277,7 +287,7 @@ class Trainer:
     def compute_loss(self, inputs, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(mean cross-entropy over answer positions, number of correct answers, number of
         answers): the step's metric is the sum of the second over the sum of the third."""
-        logits = (self.ddp or self.model)(inputs)
+        logits = self.forward_model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         answered = targets != IGNORE_INDEX
         correct = (logits.argmax(-1) == targets)[answered].sum()

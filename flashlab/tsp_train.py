@@ -152,7 +152,7 @@ class TSPTrainer(Trainer):
         return self._epoch[1][i], self._epoch[2][i]
 
     def compute_loss(self, coords, baseline_lengths):
-        tours, log_p = (self.ddp or self.model)(coords, "sample")
+        tours, log_p = self.forward_model(coords, "sample")
         lengths = tour_length(coords, tours)
         loss = ((lengths - baseline_lengths) * log_p).mean()           # REINFORCE with a baseline
         return loss, lengths.sum(), torch.tensor(len(lengths), device=lengths.device)

@@ -17,16 +17,16 @@
 # gpu_tests_attention_2026-12-03_partial.log). Not yet timed on a GPU: the new dK/dV
 # candidates in a sweep, the launch path without autograd, the tuner's decision file: bench.
 #
-# Next session (after 2026-12-03's, which spent its 30 minutes on notebook 10's run, the decode
-# sweep, issue 17's compile/export/opcheck and fp32 runs, and a ladder cut to its final step),
-# in this order, each one call:
-#   bash measurements/next_gpu_session.sh ladder OUT      issue 21: the whole Hopper ladder (~8 min);
-#       then set flash_hopper_launch.ON_BY_DEFAULT from it (results/h200/hopper_ladder.json)
-#   bash measurements/next_gpu_session.sh checks OUT      issue 17: the property test on the GPU
-#       (8 seeds × 100 examples in parallel; 2026-12-03's single 520-example process did not finish
-#       in 190 s) and the TF32 tests that failed at D = 96 on 2026-12-03, with tracebacks; issue 20:
-#       the dense-window GPU tests, then notebook 10's window timing alone (~7 min in all)
-#   bash measurements/next_gpu_session.sh small OUT       issue 19: small_graphs (~5 min)
+# Next session (after 2026-12-03's second, which ran the ladder twice, the property, dense-window
+# and TF32 tests, notebook 10's window section, small_graphs and a host-time profile), in order:
+#   bash measurements/next_gpu_session.sh verify OUT     issue 17 and 21: the GPU tests with the Hopper
+#       path on by default (dispatch from flashlab.attention, every layout), the TF32 tests after
+#       the operand rounding (accuracy within 3x PyTorch's TF32), 8 pytest workers (~6 min)
+#   bash measurements/next_gpu_session.sh small OUT      issue 19: small_graphs again, now with the
+#       TSP step compiled (torch.compile mode reduce-overhead) beside eager, 10 timed steps (~8 min)
+#   then, if the compiled step pays: the retraining (train-tsp --compile reduce-overhead), TSP50
+#       16 min across two calls (--resume), TSP20 8 min: a session of its own.
+# Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
@@ -46,6 +46,10 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   rm -f "$out"/*/checkpoint_*.pt
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
+elif [ "$phase" = verify ]; then
+  timeout 570 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
+    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py \
+    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 elif [ "$phase" = profile-and-ladder ]; then
   # issue 19: where an eager small call spends its host time; issue 21: the ladder again, step 4
   # reordered from the first full run (its dispatched tiles are each list's first)
@@ -71,7 +75,8 @@ elif [ "$phase" = checks ]; then
   mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
   timeout 200 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 6 "$out/nb10/windows.log"
 elif [ "$phase" = small ]; then
-  timeout 400 python -m measurements.small_graphs "$out" > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+  timeout 570 python -m measurements.small_graphs "$out" --budget-s 500 > "$out/small_graphs.log" 2>&1
+  tail -n 14 "$out/small_graphs.log"
 elif [ "$phase" = property ]; then
   FLASHLAB_PROPERTY_EXAMPLES=600 timeout 560 python -m pytest -q -p no:cacheprovider -o addopts= \
     tests/test_attention_properties.py -rA > "$out/property_gpu.log" 2>&1; tail -n 5 "$out/property_gpu.log"

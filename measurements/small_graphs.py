@@ -20,7 +20,7 @@ Sections, in order of importance; once BUDGET_S seconds have passed, the remaini
                default dispatch, ms/step (target: flashlab ≥ 1.1× faster)
   tsp_train    the whole REINFORCE step (encoder, sampled decoder rollout with gradients,
                greedy baseline rollout, Adam) at Kool et al.'s batch 512, TSP20 and TSP50:
-               steps/s with the small path off and on
+               steps/s for SDPA and flashlab (small path off and on), eager and compiled
   choices      the small kernels' launch choices (BLOCK_M, heads per program, warps) at
                D = 16, N 20/50/100, by CUDA-graph replay time: which default to ship
 Autotuning is off (FLASHLAB_AUTOTUNE=0: each kernel's default configuration), so the run
@@ -47,11 +47,11 @@ BUDGET_S = 290.0
 SIZES = {
     False: dict(correct_bh=(4, 4), correct_n=[1, 2, 17, 20, 50, 64, 100, 128], correct_d=[16, 64],
                 table_bh=(512, 8), table_n=[20, 50, 100, 128, 1000], table_d=[16, 64],
-                tsp_batch=512, tsp_nodes=[20, 50, 100], train_nodes=[20, 50], train_steps=3,
+                tsp_batch=512, tsp_nodes=[20, 50, 100], train_nodes=[20, 50], train_warmup=3, train_steps=10,
                 choice_n=[20, 50, 100], warmup_ms=10, rep_ms=40, cpu_runs=5),
     True: dict(correct_bh=(1, 2), correct_n=[1, 17, 20], correct_d=[16],
                table_bh=(2, 2), table_n=[20, 40], table_d=[16],
-               tsp_batch=1, tsp_nodes=[4], train_nodes=[3], train_steps=1,
+               tsp_batch=1, tsp_nodes=[4], train_nodes=[3], train_warmup=1, train_steps=1, compile_on_cpu=True,
                choice_n=[20], warmup_ms=1, rep_ms=1, cpu_runs=1),
 }
 
@@ -252,45 +252,71 @@ def tsp_encoder(device, size, budget) -> dict:
             "what": "encoder forward + squared-output loss + backward + Adam step, eager"}
 
 
+TSP_TRAIN_VARIANTS = (                # (name, attention, small path, torch.compile mode or None)
+    ("sdpa eager", "sdpa", None, None),
+    ("flashlab eager, general path", "flashlab", False, None),
+    ("flashlab eager, small path", "flashlab", True, None),
+    ("sdpa compiled (reduce-overhead)", "sdpa", None, "reduce-overhead"),
+    ("flashlab compiled (reduce-overhead), small path", "flashlab", True, "reduce-overhead"),
+)
+
+
 def tsp_train(device, size, budget) -> dict:
+    """The trainer's REINFORCE step, eager and compiled (`python -m flashlab train-tsp --compile`):
+    warm-up steps first (compilation, CUDA-graph recording), then the timed ones."""
     from flashlab.flash_attention import attention
     from flashlab.tsp import AttentionModel, random_instances, tour_length
     rows, skipped = [], []
     for n in size["train_nodes"]:
-        for on in (False, True):
-            if budget.over():
-                skipped.append({"nodes": n, "small_path": on})
+        for name, which, on, mode in TSP_TRAIN_VARIANTS:
+            if budget.over() or (mode and device != "cuda" and not size.get("compile_on_cpu")):
+                skipped.append({"nodes": n, "variant": name})
                 continue
             torch.manual_seed(0)
-            model = AttentionModel(attention_fn=attention).to(device)
+            torch._dynamo.reset()
+            model = AttentionModel(attention_fn=attention if which == "flashlab" else F.scaled_dot_product_attention)
+            model = model.to(device)
             baseline = copy.deepcopy(model).eval()
+            run_model = torch.compile(model, mode=mode) if mode else model
+            run_baseline = torch.compile(baseline, mode=mode) if mode else baseline
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
             coords = random_instances(size["tsp_batch"], n, seed=n, device=device)
 
             def step():
                 with torch.no_grad(), _autocast(device):
-                    base_lengths = tour_length(coords, baseline(coords, "greedy")[0])     # rollout baseline
+                    base_lengths = tour_length(coords, run_baseline(coords, "greedy")[0])     # rollout baseline
                 optimizer.zero_grad(set_to_none=True)
                 with _autocast(device):
-                    tours, log_p = model(coords, "sample")
+                    tours, log_p = run_model(coords, "sample")
                 loss = ((tour_length(coords, tours) - base_lengths) * log_p.float()).mean()   # REINFORCE
                 loss.backward()
                 optimizer.step()
-            with small_path(on):
-                step()                                        # warm-up: compiles, allocator
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                for _ in range(size["train_steps"]):
-                    step()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                seconds = (time.perf_counter() - start) / size["train_steps"]
-            rows.append({"nodes": n, "instances": size["tsp_batch"], "small_path": on,
+            try:
+                with small_path(bool(on)):
+                    start = time.perf_counter()
+                    for _ in range(size["train_warmup"]):
+                        step()                                # compiles, records graphs, warms the allocator
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    warmup_s = time.perf_counter() - start
+                    start = time.perf_counter()
+                    for _ in range(size["train_steps"]):
+                        step()
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    seconds = (time.perf_counter() - start) / size["train_steps"]
+            except Exception as exc:
+                rows.append({"nodes": n, "variant": name, "error": _refusal(exc)})
+                log(f"tsp_train n={n} {name}: {_refusal(exc)}")
+                continue
+            rows.append({"nodes": n, "instances": size["tsp_batch"], "variant": name, "attention": which,
+                         "small_path": on, "compile": mode, "warmup_steps": size["train_warmup"],
+                         "warmup_s": warmup_s, "timed_steps": size["train_steps"],
                          "steps_per_s": 1 / seconds, "ms_per_step": seconds * 1e3})
-            log(f"tsp_train n={n} small_path={on}: {1 / seconds:.2f} steps/s")
+            log(f"tsp_train n={n} {name}: {1 / seconds:.2f} steps/s (warm-up {warmup_s:.0f} s)")
     return {"rows": rows, "skipped": skipped,
-            "what": "greedy baseline rollout (no grad) + sampled rollout with grad + REINFORCE loss + backward + Adam"}
+            "what": "greedy baseline rollout (no grad) + sampled rollout with grad + REINFORCE loss + backward + "
+                    "Adam, bf16 autocast; compiled variants: torch.compile(model, mode='reduce-overhead')"}
 
 
 # -- choices of the small kernels ---------------------------------------------------------------
@@ -363,7 +389,9 @@ SECTIONS = [("correctness", correctness), ("table", table), ("tsp_encoder", tsp_
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="folder for small_graphs.json")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: proves the script runs (< 1 minute)")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: proves the script runs (< 2 minutes)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"sections not started by then are skipped (default {BUDGET_S:.0f}; smoke 50)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU: run with --smoke on a CPU")
@@ -376,7 +404,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "small_graphs.json"
     from flashlab.recorded import environment
-    budget = Budget(BUDGET_S if not args.smoke else 50.0)
+    budget = Budget(args.budget_s or (BUDGET_S if not args.smoke else 50.0))
     result = {"environment": environment(), "smoke": args.smoke, "budget_s": budget.seconds,
               "autotune": "off (FLASHLAB_AUTOTUNE=0)", "sizes": size, "sections": {}}
 
