@@ -130,7 +130,9 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
 
     Precision: float32 products are exact by default, as SDPA's; TF32 only on a GPU and only
     when torch allows it for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``
-    or ``torch.set_float32_matmul_precision("high")``), unless ``exact_fp32=True``.
+    or ``torch.set_float32_matmul_precision("high")``), unless ``exact_fp32=True``. TF32
+    operands are rounded to nearest, as PyTorch's TF32 matmuls round them (the tensor cores
+    alone would truncate).
 
     Where it runs, decided per call (nothing is set at import):
 

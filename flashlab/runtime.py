@@ -181,6 +181,8 @@ def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool =
     allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
     ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
     forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway.
+    In TF32 the kernels round each fp32 operand to nearest first (`flash_triton.dot`), as cuBLAS
+    does; the tensor cores alone truncate.
 
     Exact fp32 costs: without tensor cores an fp32 forward at (B, H, N, D) = (4, 8, 2048, 64)
     took 26 ms exact against 0.28 ms in TF32 on an H200, and each exact kernel ~100 s to compile
