@@ -350,7 +350,8 @@ def _train_tsp(args) -> None:
     trainer.fit()
     if trainer.rank == 0:
         minutes = trainer.train_seconds / 60                       # all runs of a resumed job together
-        print(f"steps {trainer.step}, {minutes:.1f} min, baseline updates {trainer.baseline_updates}, "
+        compiled = "" if trainer.run.compile == "off" else f" (compiled: {trainer.run.compile})"
+        print(f"steps {trainer.step}{compiled}, {minutes:.1f} min, baseline updates {trainer.baseline_updates}, "
               f"greedy tour length on the evaluation set {trainer.evaluate():.4f}")
         if trainer.run.out_dir:
             trainer.export(f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt",

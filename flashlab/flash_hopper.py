@@ -344,8 +344,9 @@ _SAME_TILES = {
 # run on an H200 (2026-12-03, results/h200/hopper_ladder_2026-12-03_first_full.json), which timed
 # every candidate on 16 shapes: the forward at D = 128 was fastest with 64x64 tiles and 4 warps on
 # all 8 of them (0.54 against 0.65 ms at N = 2k full), and no candidate beat step 3's 64x64 w4
-# dK/dV and dQ tiles (at D = 128 the 8-warp dK/dV tiles that were meant to end the spills cost
-# 8-70% more time), so those stay first. The others remain candidates, timed in every run.
+# dK/dV and dQ tiles (at D = 128 the 8-warp dK/dV tiles that were meant to end the spills made
+# the bf16 backward 9-24% (64x128) and 72-91% (64x64) slower), so those stay first. The others
+# remain candidates, timed in every run.
 _WIDE_TILES = {
     "forward": {64: [Tiles(128, 64, 4, 3), Tiles(128, 128, 4, 2), Tiles(128, 128, 8, 2)],
                 128: [Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2)]},

@@ -79,9 +79,11 @@ class RunConfig:
     precision: str = option("32-true", "precision mode (flashlab.mixed_precision)",
                             choices=tuple(PRECISIONS), on_resume="fixed")
     tf32: bool = option(True, "fp32 matmuls on TF32 tensor cores (GPU only)")
-    compile: str = option("off", "torch.compile the model for training steps: default (inductor kernels), "
-                                 "reduce-overhead (inductor, then CUDA graphs replay each step: for launch-bound "
-                                 "models such as the TSP decoder); the first steps pay the compilation",
+    compile: str = option("off", "off: eager steps; default: torch.compile the model for training steps "
+                                 "(inductor's fused kernels); reduce-overhead: the same, then each step replays "
+                                 "as a CUDA graph (GPU only), for models paced by launches rather than "
+                                 "arithmetic, many small kernels per step. The first steps pay the compilation "
+                                 "(seconds to minutes)",
                           choices=("off", "default", "reduce-overhead"))
     max_bad_steps: int = option(20, "stop once this many optimizer steps in a row were skipped for a non-finite "
                                     "loss or gradient norm; 0 = never stop (skip and count only)", low=0)
