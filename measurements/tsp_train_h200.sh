@@ -5,6 +5,12 @@
 #   bash measurements/tsp_train_h200.sh first  OUT   # TSP20 (8 min) and TSP50 (first 8 min), side by side
 #   bash measurements/tsp_train_h200.sh second OUT   # TSP50 resumed from runs/tsp50 to 16 min in all
 #
+# TSP_TRAIN_OPTS adds train-tsp options to every training, e.g. the compiled step of issue 19:
+#   TSP_TRAIN_OPTS="--compile reduce-overhead" bash measurements/tsp_train_h200.sh first OUT
+# (compilation counts against --time-limit-min, as it would for anyone training this way). A
+# fresh machine has no runs/: carry runs/tsp50/checkpoint_last.pt (from the first call's OUT)
+# back into the tree for "second".
+#
 # The two trainings of "first" share the GPU (their work is small kernels and Python; each
 # leaves the GPU mostly idle), so each one's wall-clock time is, if anything, longer than it
 # would be alone. --time-limit-min counts training time across resumes. Each finished model
@@ -16,7 +22,7 @@ export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flas
 train() {   # n, minutes, extra options
   local n=$1 minutes=$2; shift 2
   python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \
-    --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" "$@" \
+    --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" ${TSP_TRAIN_OPTS:-} "$@" \
     > "runs/tsp$n/train_$phase.log" 2>&1
 }
 evaluate() {
