@@ -175,7 +175,7 @@ def small_forward_kernel(
         l = tl.sum(p, 1)                                # l = rowsum P̃ (before dropout)
         if DROPOUT:
             p = tl.where(dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p), p, 0.0)
-        acc = dot(p.to(v.dtype), v, INPUT_PRECISION)     # P̃ V
+        acc = dot(p.to(v.dtype), v, INPUT_PRECISION)    # P̃ V
         has_key = l > 0
         o = acc / tl.where(has_key, l, 1.0)[:, None]    # O = P̃ V / l; a row with no key: 0
         if DROPOUT:
@@ -237,7 +237,7 @@ def small_backward_kernel(
                 s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
                                  IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
-                dp = dot(do, tl.trans(v), INPUT_PRECISION)  # dP = dO Vᵀ
+                dp = dot(do, tl.trans(v), INPUT_PRECISION)                    # dP = dO Vᵀ
                 if DROPOUT:
                     keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
                     p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
@@ -246,7 +246,7 @@ def small_backward_kernel(
                 else:
                     dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
                 ds = p * (dp - delta[:, None])                                # dS = P ∘ (dP − D)
-                dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
+                dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)       # dK += dSᵀ Q
                 # dQ_i = dS K · scale is complete: this program holds every key of the head
                 dq = dot(ds.to(k.dtype), k, INPUT_PRECISION) * sm_scale
                 tl.store(DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],

@@ -443,16 +443,16 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, s
             lse = tl.load(L + offs_m)
             delta = tl.load(DELTA + offs_m)
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
-        dp = dot(do, tl.trans(v), INPUT_PRECISION)                # dP = dO Vᵀ
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)               # dP = dO Vᵀ
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
             dv += dot(tl.trans(p_dropped.to(do.dtype)), do, INPUT_PRECISION)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
         else:
-            dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
+            dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)                 # dV += Pᵀ dO
         ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
-        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
+        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)                      # dK += dSᵀ Q
     return dk, dv
 
 

@@ -146,10 +146,10 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs
             delta = tl.load(delta_ptrs + start_m)
             s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse[:, None])                                         # P = 2^(S − L)
-        dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
-        dp = dot(do, tl.trans(v), INPUT_PRECISION)              # dP = dO Vᵀ
+        dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)                   # dV += Pᵀ dO
+        dp = dot(do, tl.trans(v), INPUT_PRECISION)                                 # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])                                             # dS = P ∘ (dP − D)
-        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)   # dK += dSᵀ Q
+        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)                    # dK += dSᵀ Q
     return dk, dv
 
 

@@ -225,26 +225,24 @@ def measure_step(run: Run, step, name, dtype):
                     both_ms = bench(lambda: attention(qg, kg, vg, is_causal=causal).backward(grad_out))
                 chosen = "defaults"
             else:
+                # the row's times are the dispatched tiles' (each list's first: what flashlab.attention
+                # launches); the fastest candidates' go beside them
+                first = {kern: tiles_of(run, step, kern, d)[0] for kern in ("forward", "dkdv", "dq")}
                 fwd_times = {t: bench(lambda t=t: hopper_forward(q, k, v, causal, scale, step, tiles=t))
                              for t in tiles_of(run, step, "forward", d)}
                 best_fwd = min(fwd_times, key=fwd_times.get)
                 out, lse = hopper_forward(q, k, v, causal, scale, step, tiles=best_fwd)
-                dq_default = tiles_of(run, step, "dq", d)[0]
 
                 def backward(dkdv, dq):
                     return bench(lambda: hopper_backward(q, k, v, out, lse, grad_out, causal, scale, step,
                                                          dkdv_tiles=dkdv, dq_tiles=dq))
-                dkdv_times = {t: backward(t, dq_default) for t in tiles_of(run, step, "dkdv", d)}
+                dkdv_times = {t: backward(t, first["dq"]) for t in tiles_of(run, step, "dkdv", d)}
                 best_dkdv = min(dkdv_times, key=dkdv_times.get)
                 dq_times = {t: backward(best_dkdv, t) for t in tiles_of(run, step, "dq", d)}
                 best_dq = min(dq_times, key=dq_times.get)
-                # the row's times are the dispatched tiles' (each list's first: what flashlab.attention
-                # launches); the fastest candidates' go beside them
-                first = {kern: tiles_of(run, step, kern, d)[0] for kern in ("forward", "dkdv")}
                 fwd_ms = fwd_times[first["forward"]]
                 both_ms = fwd_ms + dkdv_times[first["dkdv"]]         # dkdv_times used the first dQ tiles
-                dispatched = {kern: str(tiles_of(run, step, kern, d)[0]) for kern in ("forward", "dkdv", "dq")}
-                chosen = {"dispatched": dispatched,
+                chosen = {"dispatched": {kern: str(t) for kern, t in first.items()},
                           "forward": str(best_fwd), "dkdv": str(best_dkdv), "dq": str(best_dq),
                           "best_fwd_ms": fwd_times[best_fwd],
                           "best_fwd_bwd_ms": fwd_times[best_fwd] + dq_times[best_dq],

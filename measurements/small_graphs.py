@@ -164,8 +164,9 @@ def _implementations(device):
             "sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), None)}
 
 
-def _time_attention(fn, q, k, v, grad, device, size) -> dict:
-    """fwd and fwd+bwd, eager and graph replay, for one implementation and shape."""
+def _steps(fn, q, k, v, grad):
+    """The two things timed: a forward without autograd, and a forward+backward (the gradients
+    handed over each time, as after optimizer.zero_grad())."""
     def forward():
         with torch.no_grad():
             fn(q, k, v)
@@ -173,7 +174,12 @@ def _time_attention(fn, q, k, v, grad, device, size) -> dict:
     def forward_backward():
         q.grad = k.grad = v.grad = None
         fn(q, k, v).backward(grad)
+    return forward, forward_backward
 
+
+def _time_attention(fn, q, k, v, grad, device, size) -> dict:
+    """fwd and fwd+bwd, eager and graph replay, for one implementation and shape."""
+    forward, forward_backward = _steps(fn, q, k, v, grad)
     result = {}
     for mode, step in (("fwd", forward), ("fwd+bwd", forward_backward)):
         for how, timer in (("eager", eager_ms), ("graph", graph_ms)):
@@ -337,15 +343,7 @@ def choices(device, size, budget) -> dict:
         q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         grad = torch.randn_like(q)
         out = attention(q, k, v).detach()
-
-        def forward():
-            with torch.no_grad():
-                attention(q, k, v)
-
-        def forward_backward():
-            q.grad = k.grad = v.grad = None
-            attention(q, k, v).backward(grad)
-
+        forward, forward_backward = _steps(attention, q, k, v, grad)
         width = flash_small._pow2(N)
         for kernel, options, fn in (("forward", FORWARD_CHOICES, forward),
                                     ("backward", BACKWARD_CHOICES, forward_backward)):

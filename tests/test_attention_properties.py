@@ -8,7 +8,7 @@ kernels at tiny sizes in about 70 s; 1500 on a GPU, where each new kernel specia
 compiles once, autotuning off). Derandomized: CI draws the same examples every run.
 FLASHLAB_PROPERTY_SEED=s draws another fixed set instead, so a GPU run can spread the examples
 over processes (each compiles its own specialisations; compilation dominates there):
-measurements/next_gpu_session.sh property runs 8 seeds in parallel."""
+measurements/next_gpu_session.sh checks runs 8 seeds in parallel."""
 
 import math
 import os
