@@ -254,8 +254,14 @@ def overriding(store: dict, kernels, configs: dict):
 
 def force(**configs: Config):
     """Run the kernels with these configurations, e.g. ``force(forward=Config(16, 32, 4, 1))``
-    (tests of unusual tile shapes, and the GPU test of every candidate)."""
+    (tests of unusual tile shapes, and the GPU test of every candidate). While any is forced,
+    calls take these (the general) kernels, not the Hopper path, which has tiles of its own."""
     return overriding(_forced, KERNELS, configs)
+
+
+def forcing() -> bool:
+    """Whether a `force` block is active."""
+    return bool(_forced)
 
 
 def enabled() -> bool:

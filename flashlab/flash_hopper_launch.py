@@ -69,6 +69,9 @@ def why_not_hopper(q, k, v, attn_mask, dropout_p, scale) -> str | None:
     """None if the Hopper kernels take this call, else the reason they do not (for tests and logs)."""
     if not enabled():
         return "FLASHLAB_HOPPER=0 (or unset while the Hopper path is off by default)"
+    from . import autotune
+    if autotune.forcing():
+        return "autotune.force(...) is active: the forced configurations are the general kernels'"
     if q.device.type != "cuda":
         return f"device {q.device.type}: the Hopper kernels need a CUDA GPU"
     if _capability(q.device)[0] != 9:

@@ -153,11 +153,49 @@ def _repair_scalar_index() -> None:
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
+def _patched_by_the_interpreter() -> tuple:
+    """What Triton's interpreter patches while it runs a kernel: ``triton.language`` and its
+    ``core`` and ``math`` modules, and the ``tensor``, ``dtype`` and ``tensor_descriptor_base``
+    classes (``_patch_lang`` in ``triton/runtime/interpreter.py``)."""
+    import triton.language as tl
+    core = tl.core
+    return tuple(x for x in (tl, core, tl.math, core.tensor, core.dtype, getattr(core, "tensor_descriptor_base", None))
+                 if x is not None)
+
+
+def _snapshot_language() -> list:
+    return [(owner, dict(vars(owner))) for owner in _patched_by_the_interpreter()]
+
+
+def _restore_language(snapshot) -> None:
+    """Put back every attribute an interpreted launch changed. Triton (3.6 to 3.9 at least)
+    undoes its patches when a kernel launch returns, but not those made when an interpreted
+    kernel calls another ``@triton.jit`` function (``InterpretedFunction.__call__`` patches and
+    never restores). A helper from another module, ``tl.cdiv`` from ``triton.language.standard``
+    for one, patches ``triton.language.core`` for good, and from then on every kernel *compiled*
+    in the process fails ("'block_argument' object has no attribute 'dtype'"): one CPU call of
+    flashlab broke every later CUDA call (found by the GPU tests, which share processes).
+    Attributes that were added (``__index__``, say) are removed; modules imported meanwhile stay."""
+    import types
+    for owner, before in snapshot:
+        now = vars(owner)
+        for name in [n for n in now if n not in before]:
+            if not isinstance(now[name], types.ModuleType):
+                delattr(owner, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def _helpers_interpreted():
     """While an interpreted kernel runs, a call to a compiled ``@triton.jit`` function (which
     otherwise raises "Cannot call @triton.jit'd outside of the scope of a kernel") runs its
-    interpreted twin. Undone on exit; nested launches share one patch."""
+    interpreted twin. Undone on exit, with whatever the interpreter left patched in
+    ``triton.language`` (`_restore_language`); nested launches share one patch."""
     from triton.runtime.jit import JITFunction
     with _launch_lock:
         original = JITFunction.__dict__["__call__"]
@@ -169,11 +207,13 @@ def _helpers_interpreted():
             return _interpreted(self)(*args, **kwargs)
 
         call_twin._flashlab_twin_call = True
+        snapshot = _snapshot_language()
         JITFunction.__call__ = call_twin
         try:
             yield
         finally:
             JITFunction.__call__ = original
+            _restore_language(snapshot)
 
 
 def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool = False) -> str:

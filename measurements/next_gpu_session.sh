@@ -74,6 +74,15 @@ elif [ "$phase" = checks ]; then
   grep -h "passed\|failed\|error" /tmp/property_seed*.log | tail -n 8
   mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
   timeout 200 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 6 "$out/nb10/windows.log"
+elif [ "$phase" = step-and-verify ]; then
+  # issue 19 first (it decides how the retraining runs): the TSP50 REINFORCE step, eager and
+  # compiled (reduce-overhead), SDPA and flashlab; then "verify" (issues 17 and 21) for the rest
+  # of the 10 minutes; SIGINT lets pytest print its summary of what ran if time runs out
+  timeout 250 python -m measurements.small_graphs "$out" --sections tsp_train --train-nodes 50 --budget-s 200 \
+    > "$out/small_graphs.log" 2>&1; tail -n 6 "$out/small_graphs.log"
+  timeout -s INT -k 20 300 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
+    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py \
+    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 elif [ "$phase" = small ]; then
   timeout 570 python -m measurements.small_graphs "$out" --budget-s 500 > "$out/small_graphs.log" 2>&1
   tail -n 14 "$out/small_graphs.log"

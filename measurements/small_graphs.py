@@ -390,6 +390,10 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: proves the script runs (< 2 minutes)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help=f"sections not started by then are skipped (default {BUDGET_S:.0f}; smoke 50)")
+    parser.add_argument("--sections", nargs="+", choices=[name for name, _ in SECTIONS], default=None,
+                        help="run only these sections (default: all, in order)")
+    parser.add_argument("--train-nodes", type=int, nargs="+", default=None,
+                        help="tsp_train's problem sizes (default 20 50)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU: run with --smoke on a CPU")
@@ -397,7 +401,9 @@ def main(argv=None) -> int:
     device = "cpu" if args.smoke else "cuda"
     if device == "cpu":
         torch.set_num_threads(min(4, os.cpu_count() or 1))
-    size = SIZES[args.smoke]
+    size = dict(SIZES[args.smoke])
+    if args.train_nodes:
+        size["train_nodes"] = args.train_nodes
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "small_graphs.json"
@@ -413,6 +419,8 @@ def main(argv=None) -> int:
         tmp.replace(path)
 
     for name, section in SECTIONS:
+        if args.sections and name not in args.sections:
+            continue
         if budget.over():
             result["sections"][name] = {"skipped": f"time budget of {budget.seconds:.0f} s spent"}
             log(f"{name}: skipped (budget)")

@@ -21,11 +21,15 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
 
-def _run_python(code: str, env_drop=("TRITON_INTERPRET",)) -> str:
+def _run_python(code: str, env_drop=("TRITON_INTERPRET",), script=None) -> str:
+    """Run ``code`` in a fresh interpreter (from the file ``script`` if given: @triton.jit
+    needs its kernels' source in a file); its stdout."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    if script is not None:
+        script.write_text(textwrap.dedent(code))
+    command = [sys.executable, str(script)] if script is not None else [sys.executable, "-c", textwrap.dedent(code)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -358,3 +362,84 @@ def test_old_interpreters_scalar_index_is_repaired(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", newer)
     runtime._repair_scalar_index()
     assert interpreter._patch_lang_tensor is newer
+
+
+def _language_state():
+    """Every non-module attribute of what Triton's interpreter patches (runtime's list)."""
+    import types
+
+    from flashlab.runtime import _patched_by_the_interpreter
+    return {(repr(owner), name): value for owner in _patched_by_the_interpreter()
+            for name, value in vars(owner).items() if not isinstance(value, types.ModuleType)}
+
+
+def test_interpreted_calls_leave_triton_language_as_they_found_it():
+    """An interpreted kernel that calls a @triton.jit helper from another module (tl.cdiv, in
+    every flashlab kernel) made Triton patch triton.language.core for good, and every kernel
+    compiled afterwards in the process failed (on the H200: one CPU call broke all later CUDA
+    calls). After CPU calls, forward and backward, masked, causal and windowed, nothing differs."""
+    before = _language_state()
+    q, k, v = (torch.randn(1, 2, 17, 16, requires_grad=True) for _ in range(3))
+    mask = torch.rand(17, 17) > 0.3
+    mask[:, 0] = True
+    for kwargs in (dict(is_causal=True), dict(attn_mask=mask), dict(window=(4, 0))):
+        attention(q, k, v, **kwargs).sum().backward()
+    after = _language_state()
+    changed = sorted(name for name in set(before) | set(after) if before.get(name) is not after.get(name))
+    assert not changed, f"left patched after interpreted launches: {changed[:10]}"
+
+
+def test_kernels_compile_for_a_gpu_after_cpu_calls(tmp_path):
+    """The failure itself, on a CPU: Triton compiles ahead of time for an H100/H200 (sm_90, no
+    GPU needed), with an empty kernel cache so nothing is reused, a kernel that calls tl.cdiv,
+    after interpreted flashlab calls in the same process. (Without the repair: "'block_argument'
+    object has no attribute ..." from tl.cdiv, as on the H200.)"""
+    out = _run_python("""
+        import os, tempfile
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+        import torch, triton, triton.language as tl
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        SM90 = GPUTarget("cuda", 90, 32)
+
+        def probe_source():
+            @triton.jit
+            def probe(X, n):
+                tl.store(X + tl.program_id(0), tl.cdiv(n, 16))
+            return ASTSource(fn=probe, signature={"X": "*i32", "n": "i32"}, constexprs={})
+
+        @triton.jit
+        def plain(X):
+            tl.store(X, 1)
+
+        try:   # can this Triton compile for sm_90 here? (a kernel without tl.cdiv: compiling
+               # tl.cdiv once before the CPU calls would let it compile afterwards too)
+            triton.compile(ASTSource(fn=plain, signature={"X": "*i32"}, constexprs={}), target=SM90)
+        except Exception as exc:
+            print("no-toolchain", type(exc).__name__, str(exc).splitlines()[0][:120] if str(exc) else "")
+            raise SystemExit
+        import flashlab
+        q = torch.randn(1, 2, 17, 16, requires_grad=True)
+        flashlab.attention(q, q, q, is_causal=True).sum().backward()
+        triton.compile(probe_source(), target=SM90)
+        print("compiled")
+    """, script=tmp_path / "compile_after_cpu_calls.py")
+    if out.startswith("no-toolchain"):
+        pytest.skip(f"this Triton cannot compile for sm_90 here: {out}")
+    assert out.split()[-1] == "compiled"
+
+
+@pytest.mark.skipif(not CUDA, reason="compiling for a GPU after an interpreted call needs a CUDA GPU")
+def test_cuda_calls_compile_after_cpu_calls_in_one_process():
+    """The same in a fresh process, end to end: CPU calls (interpreted) first, then CUDA calls
+    whose kernels compile only now (a shape and head dimension no earlier test compiled)."""
+    out = _run_python("""
+        import torch, flashlab
+        q = torch.randn(1, 2, 17, 16, requires_grad=True)
+        flashlab.attention(q, q, q, is_causal=True).sum().backward()
+        x = torch.randn(1, 3, 37, 24, device="cuda", requires_grad=True)
+        flashlab.attention(x, x, x, is_causal=True).sum().backward()
+        ref = torch.nn.functional.scaled_dot_product_attention(x.double(), x.double(), x.double(), is_causal=True)
+        print(float((flashlab.attention(x, x, x, is_causal=True) - ref).abs().max()))
+    """)
+    assert float(out.split()[-1]) < 1e-2

@@ -2,12 +2,13 @@
 the ladder against float64. On a CPU the steps run in Triton's interpreter in fp32 with small
 tiles; the GPU tests (an sm_90 GPU) check every step and candidate tile in bf16 and fp16."""
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from flashlab import attention, flash_hopper_launch
+from flashlab import attention, autotune, flash_hopper_launch
 from flashlab.flash_hopper import LADDER, Tiles
 from flashlab.reference import TOLERANCE, reference_attention, reference_gradients, rel_error
 
@@ -49,6 +50,7 @@ def test_the_common_case_on_hopper_takes_the_hopper_kernels(hopper_machine):
     (dict(dropout=0.1), "attn_mask or dropout"),
     (dict(scale=-1.0), "scale"),
     (dict(env="0"), "FLASHLAB_HOPPER=0"),
+    (dict(forced=True), "autotune.force"),
 ])
 def test_everything_else_falls_back_with_a_reason(hopper_machine, monkeypatch, change, reason):
     if "capability" in change:
@@ -60,7 +62,9 @@ def test_everything_else_falls_back_with_a_reason(hopper_machine, monkeypatch, c
     q = change.get("q", fake())
     k = change.get("k", fake())
     mask = torch.ones(1, dtype=torch.bool) if change.get("mask") else None
-    got = flash_hopper_launch.why_not_hopper(q, k, k, mask, change.get("dropout", 0.0), change.get("scale", 0.125))
+    with autotune.force(forward=autotune.candidates("forward", 64, (9, 0))[0]) if change.get("forced") \
+            else contextlib.nullcontext():
+        got = flash_hopper_launch.why_not_hopper(q, k, k, mask, change.get("dropout", 0.0), change.get("scale", 0.125))
     assert got is not None and reason in got
 
 

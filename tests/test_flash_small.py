@@ -167,13 +167,14 @@ def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
         return out
 
     graph, static_out = capture_cuda_graph(step)
+    static_grads = (q.grad, k.grad, v.grad)   # the graph's gradients (the eager step below replaces .grad)
     for _ in range(2):
         with torch.no_grad():
             for t in (q, k, v, grad):
                 t.copy_(torch.randn_like(t))
         graph.replay()
         torch.cuda.synchronize()
-        got = (static_out.clone(), q.grad.clone(), k.grad.clone(), v.grad.clone())
+        got = (static_out.clone(), *(g.clone() for g in static_grads))
         want = (step().detach(), q.grad, k.grad, v.grad)
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
             assert_close(a, b, tol=TOL[dtype], what=f"graph replay {name}")
