@@ -112,7 +112,9 @@ def test_every_shipped_checkpoint_loads_with_weights_only(name):
     raw = torch.load(path, weights_only=True, map_location="cpu")       # torch's own safe loader reads it
     assert raw["format"] == checkpoint.FORMAT and raw["kind"] == SHIPPED[name]
     saved = checkpoint.load(path, kind=SHIPPED[name])                   # and the checksum holds
-    assert path.stat().st_size < 13_000_000
+    # the TSP50 training state carries its per-step history (3.3 MB of 14.7 at 15,000 steps); 16 MiB is
+    # also the largest file the GPU machine sends back
+    assert path.stat().st_size < 16 * 2**20
     if SHIPPED[name] == "tsp-model":
         model, metadata = load_model(path)
         assert isinstance(model, AttentionModel) and metadata["n_nodes"] in (20, 50) and metadata["steps"] > 0
@@ -124,7 +126,9 @@ def test_every_shipped_checkpoint_loads_with_weights_only(name):
         task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
         trainer = TSPTrainer(task, RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(path),
                                                 "out_dir": None, "progress": False}))
-        assert trainer.step == 5364 and trainer.baseline_updates > 0 and len(trainer.history) == 5364
+        policy, metadata = load_model(ROOT / "checkpoints" / "am_tsp50.pt")   # exported from this state
+        assert trainer.step == metadata["steps"] == len(trainer.history) and trainer.baseline_updates > 0
+        assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), trainer.model.state_dict().values()))
         assert "instances_per_s" in trainer.history[-1]
 
 
