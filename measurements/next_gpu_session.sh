@@ -26,6 +26,13 @@
 #       TSP step compiled (torch.compile mode reduce-overhead) beside eager, 10 timed steps (~8 min)
 #   then, if the compiled step pays: the retraining (train-tsp --compile reduce-overhead), TSP50
 #       16 min across two calls (--resume), TSP20 8 min: a session of its own.
+# After the third session of 2026-12-03 (step-and-verify, then the compiled TSP retraining, cut by
+# the 10-minute limit: results/README.md), one call does what is left:
+#   bash measurements/next_gpu_session.sh verify-and-resume OUT   issues 17, 19, 21: the GPU tests
+#       (last time 97 failed from the interpreter leak fixed since; -n 8 took 97 s), then TSP50
+#       resumed from checkpoints/tsp50_training_state.pt to 16 minutes of training (6.1 more; the
+#       metrics-CSV fix makes that about 7 minutes of wall time), exported and evaluated on 10,000
+#       instances. Eight files come back: copy them to results/h200/tsp/ and checkpoints/.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -74,6 +81,20 @@ elif [ "$phase" = checks ]; then
   grep -h "passed\|failed\|error" /tmp/property_seed*.log | tail -n 8
   mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
   timeout 200 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 6 "$out/nb10/windows.log"
+elif [ "$phase" = verify-and-resume ]; then
+  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
+    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
+    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 12 "$out/gpu_tests.log"
+  mkdir -p runs/tsp50 && cp checkpoints/tsp50_training_state.pt runs/tsp50/checkpoint_last.pt
+  cp results/h200/tsp/tsp50_metrics.csv runs/tsp50/metrics.csv
+  # a kill by the timeout keeps the last checkpoint (every 500 steps); the export below reads it
+  timeout 400 python -m flashlab train-tsp --n-nodes 50 --precision bf16-mixed --attention flashlab --steps 10000000 \
+    --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp50 --compile reduce-overhead \
+    --resume runs/tsp50/checkpoint_last.pt > "$out/tsp50_train_third.log" 2>&1; tail -n 2 "$out/tsp50_train_third.log"
+  python -m measurements.export_tsp_policy runs/tsp50/checkpoint_last.pt "$out/am_tsp50.pt"
+  python -m flashlab eval-tsp --checkpoint "$out/am_tsp50.pt" --nodes 50 --instances 10000 \
+    --save-tours "$out/tsp50_test_tours.npz" > "$out/tsp50_eval.log" 2>&1; cat "$out/tsp50_eval.log"
+  cp runs/tsp50/metrics.csv "$out/tsp50_metrics.csv"; gzip -c runs/tsp50/checkpoint_last.pt > "$out/tsp50_training_state.pt.gz"   # under 16 MiB
 elif [ "$phase" = step-and-verify ]; then
   # issue 19 first (it decides how the retraining runs): the TSP50 REINFORCE step, eager and
   # compiled (reduce-overhead), SDPA and flashlab; then "verify" (issues 17 and 21) for the rest
