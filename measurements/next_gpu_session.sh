@@ -33,6 +33,9 @@
 #       resumed from checkpoints/tsp50_training_state.pt to 16 minutes of training (6.1 more; the
 #       metrics-CSV fix makes that about 7 minutes of wall time), exported and evaluated on 10,000
 #       instances. Eight files come back: copy them to results/h200/tsp/ and checkpoints/.
+#   bash measurements/next_gpu_session.sh compiled-steps OUT   issue 19: the encoder step (target
+#       ≥ 1.1× SDPA) and the whole TSP step, eager and compiled, the general path compiled beside
+#       the small one (whether the small path should be on by default on a GPU)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -104,6 +107,9 @@ elif [ "$phase" = step-and-verify ]; then
   timeout -s INT -k 20 300 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
     tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py \
     -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+elif [ "$phase" = compiled-steps ]; then
+  timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
+    > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = small ]; then
   timeout 570 python -m measurements.small_graphs "$out" --budget-s 500 > "$out/small_graphs.log" 2>&1
   tail -n 14 "$out/small_graphs.log"
