@@ -163,6 +163,9 @@ def _patched_by_the_interpreter() -> tuple:
                  if x is not None)
 
 
+_MISSING = object()
+
+
 def _snapshot_language() -> list:
     return [(owner, dict(vars(owner))) for owner in _patched_by_the_interpreter()]
 
@@ -186,8 +189,6 @@ def _restore_language(snapshot) -> None:
             if now.get(name, _MISSING) is not value:
                 setattr(owner, name, value)
 
-
-_MISSING = object()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ the policy of one of them, with the metadata train-tsp would have written:
 import argparse
 
 from flashlab import checkpoint
-from flashlab.tsp import AttentionModel, save_model
+from flashlab.train import RunConfig
+from flashlab.tsp_train import TSPConfig, TSPTrainer
 
 
 def main(argv=None) -> None:
@@ -19,13 +20,14 @@ def main(argv=None) -> None:
     parser.add_argument("out", help="where to write the tsp-model checkpoint (am_tspN.pt)")
     args = parser.parse_args(argv)
     saved = checkpoint.load(args.state, kind="tsp-training-state", map_location="cpu")
-    task, run = saved.config["task"], saved.config["run"]
-    model = AttentionModel(task["d_model"], task["n_heads"], task["n_layers"], task["ff_dim"], task["tanh_clip"])
-    model.load_state_dict(saved.state["model"])
-    minutes = saved.state["train_seconds"] / 60
-    save_model(model, args.out, n_nodes=task["n_nodes"], steps=saved.state["step"], train_minutes=round(minutes, 2),
-               precision=run["precision"], compile=run["compile"])
-    print(f"{args.out}: TSP{task['n_nodes']} policy at step {saved.state['step']}, {minutes:.2f} min of training")
+    # the trainer resumed on the CPU (attention through SDPA: nothing runs), then its own export
+    task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
+    trainer = TSPTrainer(task, RunConfig(**{**saved.config["run"], "device": "cpu", "resume": args.state,
+                                            "out_dir": None, "progress": False}))
+    minutes = trainer.train_seconds / 60
+    trainer.export(args.out, train_minutes=round(minutes, 2), precision=trainer.run.precision,
+                   compile=trainer.run.compile)
+    print(f"{args.out}: TSP{task.n_nodes} policy at step {trainer.step}, {minutes:.2f} min of training")
 
 
 if __name__ == "__main__":

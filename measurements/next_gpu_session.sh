@@ -39,6 +39,13 @@
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
+gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIGINT at the limit lets
+                # pytest print its summary of what ran (step-and-verify's run of 2026-12-03 was
+                # before tests/test_dropin.py joined the list)
+  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
+    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
+    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+}
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
@@ -57,9 +64,7 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
 elif [ "$phase" = verify ]; then
-  timeout 570 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
-    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py \
-    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+  gpu_suite 570
 elif [ "$phase" = profile-and-ladder ]; then
   # issue 19: where an eager small call spends its host time; issue 21: the ladder again, step 4
   # reordered from the first full run (its dispatched tiles are each list's first)
@@ -85,9 +90,7 @@ elif [ "$phase" = checks ]; then
   mkdir -p "$out/nb10" && cp results/h200/decode_varlen.json "$out/nb10/"
   timeout 200 python -m measurements.nb10_h200 "$out/nb10" windows > "$out/nb10/windows.log" 2>&1; tail -n 6 "$out/nb10/windows.log"
 elif [ "$phase" = verify-and-resume ]; then
-  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
-    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
-    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 12 "$out/gpu_tests.log"
+  gpu_suite 150
   mkdir -p runs/tsp50 && cp checkpoints/tsp50_training_state.pt runs/tsp50/checkpoint_last.pt
   cp results/h200/tsp/tsp50_metrics.csv runs/tsp50/metrics.csv
   # a kill by the timeout keeps the last checkpoint (every 500 steps); the export below reads it
@@ -100,13 +103,10 @@ elif [ "$phase" = verify-and-resume ]; then
   cp runs/tsp50/metrics.csv "$out/tsp50_metrics.csv"; gzip -c runs/tsp50/checkpoint_last.pt > "$out/tsp50_training_state.pt.gz"   # under 16 MiB
 elif [ "$phase" = step-and-verify ]; then
   # issue 19 first (it decides how the retraining runs): the TSP50 REINFORCE step, eager and
-  # compiled (reduce-overhead), SDPA and flashlab; then "verify" (issues 17 and 21) for the rest
-  # of the 10 minutes; SIGINT lets pytest print its summary of what ran if time runs out
+  # compiled (reduce-overhead), SDPA and flashlab; then the GPU tests for the rest of the 10 minutes
   timeout 250 python -m measurements.small_graphs "$out" --sections tsp_train --train-nodes 50 --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 6 "$out/small_graphs.log"
-  timeout -s INT -k 20 300 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
-    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py \
-    -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+  gpu_suite 300
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -25,14 +25,15 @@ export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flas
 train() {   # n, minutes, extra options
   local n=$1 minutes=$2; shift 2
   local log="runs/tsp$n/train_$phase.log"
-  python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \
-    --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" ${TSP_TRAIN_OPTS:-} "$@" \
-    > "$log" 2>&1 && return
+  train_tsp() {
+    python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \
+      --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" "$@"
+  }
+  train_tsp ${TSP_TRAIN_OPTS:-} "$@" > "$log" 2>&1 && return
   if [ -n "${TSP_TRAIN_OPTS:-}" ]; then
     echo "== the training with '$TSP_TRAIN_OPTS' failed (above); again without those options" >> "$log"
     mv "runs/tsp$n/metrics.csv" "runs/tsp$n/metrics_failed_$phase.csv" 2>/dev/null
-    python -m flashlab train-tsp --n-nodes "$n" --precision bf16-mixed --attention flashlab --steps 10000000 \
-      --time-limit-min "$minutes" --checkpoint-every 1000 --no-progress --out-dir "runs/tsp$n" "$@" >> "$log" 2>&1
+    train_tsp "$@" >> "$log" 2>&1
   fi
 }
 evaluate() {
