@@ -115,18 +115,20 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_prec
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window=None):
     """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs).
     ``window``: None or ``(left, right)`` as `flashlab.attention` takes it. On a Hopper GPU the
-    common case goes to `flash_hopper_launch` (same L); sequences that fit one key tile to
-    `flash_small` (neither takes a window)."""
+    common case goes to `flash_hopper_launch` (same L); sequences that fit one key tile go to
+    `flash_small` on every device, before the Hopper check (neither takes a window)."""
     if window is not None and tuple(window) == (-1, -1):
         window = None
-    if window is None and q.device.type == "cuda" and \
+    # short sequences first: one key tile beats the Hopper kernels' 128-row tiles there
+    small = window is None and flash_small.applies(q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device.type)
+    if not small and window is None and q.device.type == "cuda" and \
             flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_forward(q, k, v, is_causal, scale)
     q, k, v = _rows_contiguous(q), _rows_contiguous(k), _rows_contiguous(v)
     B, H, n_q, head_dim = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
-    if window is None and flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):   # one key tile
+    if small:                                                                             # one key tile
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
     out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
@@ -151,11 +153,12 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
                    window=None):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
     Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L.
-    On a Hopper GPU the common case goes to `flash_hopper_launch`, short sequences to
-    `flash_small` (neither takes a window)."""
+    On a Hopper GPU the common case goes to `flash_hopper_launch`; short sequences go to
+    `flash_small` on every device, before the Hopper check (neither takes a window)."""
     if window is not None and tuple(window) == (-1, -1):
         window = None
-    if window is None and q.device.type == "cuda" and \
+    small = window is None and flash_small.applies(q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device.type)
+    if not small and window is None and q.device.type == "cuda" and \
             flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
@@ -163,7 +166,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
-    if window is None and flash_small.applies(n_q, n_k, head_dim, q.dtype, q.device.type):  # one launch
+    if small:                                                                            # one launch
         return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
                                           seed, is_causal, scale, input_precision)
     head_dim_args = _head_dim_args(head_dim)

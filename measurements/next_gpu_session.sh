@@ -107,6 +107,24 @@ elif [ "$phase" = step-and-verify ]; then
   timeout 250 python -m measurements.small_graphs "$out" --sections tsp_train --train-nodes 50 --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 6 "$out/small_graphs.log"
   gpu_suite 300
+elif [ "$phase" = finish ]; then
+  # 2026-12-04, after verify-and-resume and compiled-steps: fp32 exact against TF32 with the
+  # operand rounding (time and error), then the whole GPU suite with room to finish
+  timeout 120 python -m measurements.dropin_gpu "$out" fp32_exact_vs_tf32 > "$out/fp32_tf32.log" 2>&1; tail -n 3 "$out/fp32_tf32.log"
+  gpu_suite 330
+elif [ "$phase" = small-path-correct ]; then
+  # 2026-12-04: the small path's own tests on the GPU (the suite's -k filter had left them out, and
+  # small_graphs' correctness section checked only the general kernels there): whether it can be
+  # on by default on a GPU
+  timeout 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py -rA --tb=short \
+    > "$out/small_path_gpu_tests.log" 2>&1; tail -n 6 "$out/small_path_gpu_tests.log"
+  timeout 120 python -m measurements.small_graphs "$out" --sections correctness --budget-s 90 \
+    > "$out/small_graphs_correctness.log" 2>&1; tail -n 3 "$out/small_graphs_correctness.log"
+elif [ "$phase" = small-table ]; then
+  # 2026-12-04: the table again with the small path ahead of the Hopper kernels (D = 64: the
+  # "general" column is now the Hopper path, which was off when small_graphs.json was recorded)
+  timeout 150 python -m measurements.small_graphs "$out" --sections table --budget-s 100 \
+    > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -154,3 +154,17 @@ def test_unset_follows_the_default(monkeypatch):
     assert not flash_hopper_launch.enabled()
     monkeypatch.setattr(flash_hopper_launch, "ON_BY_DEFAULT", True)
     assert flash_hopper_launch.enabled()
+
+
+@hopper_gpu
+def test_short_sequences_take_the_small_path_before_the_hopper_kernels(monkeypatch):
+    """N within flash_small's limit at a Hopper head dimension: one key tile, not 128-row tiles."""
+    monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
+    calls = []
+    for name in ("hopper_forward", "hopper_backward"):
+        original = getattr(flash_hopper_launch, name)
+        monkeypatch.setattr(flash_hopper_launch, name, lambda *a, _o=original, **kw: calls.append(1) or _o(*a, **kw))
+    q, k, v = (torch.randn(8, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert not calls and rel_error(out, reference_attention(q, k, v, is_causal=True)) <= TOLERANCE[torch.bfloat16]
