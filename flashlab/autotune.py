@@ -255,7 +255,8 @@ def overriding(store: dict, kernels, configs: dict):
 def force(**configs: Config):
     """Run the kernels with these configurations, e.g. ``force(forward=Config(16, 32, 4, 1))``
     (tests of unusual tile shapes, and the GPU test of every candidate). While any is forced,
-    calls take these (the general) kernels, not the Hopper path, which has tiles of its own."""
+    calls take these (the general) kernels, not the Hopper path, which has tiles of its own, nor
+    the small path (`flashlab.flash_small`), which would otherwise take every N ≤ 128."""
     return overriding(_forced, KERNELS, configs)
 
 

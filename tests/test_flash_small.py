@@ -99,6 +99,17 @@ def test_just_above_the_limit_takes_the_general_path(paths):
     assert paths == {"forward": 0, "backward": 0}
 
 
+def test_a_forced_general_configuration_bypasses_the_small_path(paths):
+    """autotune.force is how tests exercise the general kernels' tiles: at a short N the call must
+    take those kernels (before 2026-12-04 the small path took it, and such tests checked nothing
+    of the tiles they forced)."""
+    from flashlab import autotune
+    config = autotune.Config(16, 16, 4, 1)
+    with autotune.force(forward=config, dkdv=config, dq=config):
+        _check(1, 2, 2, 40, 40, 16, True)
+    assert paths == {"forward": 0, "backward": 0}
+
+
 def test_switched_off_by_the_environment(monkeypatch, paths):
     monkeypatch.setenv("FLASHLAB_SMALL_PATH", "0")
     assert not flash_small.applies(20, 20, 16, torch.bfloat16)
