@@ -36,6 +36,14 @@
 #   bash measurements/next_gpu_session.sh compiled-steps OUT   issue 19: the encoder step (target
 #       ≥ 1.1× SDPA) and the whole TSP step, eager and compiled, the general path compiled beside
 #       the small one (whether the small path should be on by default on a GPU)
+# After 2026-12-04 (verify-and-resume, compiled-steps, finish, small-path-correct, small-table: all
+# recorded; the small path then became the GPU default, ahead of the Hopper kernels), next:
+#   bash measurements/next_gpu_session.sh verify OUT          the GPU suite with the new default, and the
+#       small path's own tests (the -k filter of the suite leaves them out), ~5 min
+#   bash measurements/next_gpu_session.sh compiled-steps OUT  the encoder step on the small path now
+#       (issue 19's encoder target), ~8 min
+#   then a TSP50 retraining on the small path (tsp_train_h200.sh with TSP_TRAIN_OPTS="--compile
+#   reduce-overhead"), and TSP100 (issue 19's stretch)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -45,6 +53,11 @@ gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIG
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
     tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
     -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+}
+small_path_suite() {   # the small path's tests, which run on the GPU whatever their names (gpu_suite's -k
+                       # filter leaves them out)
+  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py -rf \
+    --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
 }
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
@@ -64,7 +77,8 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
 elif [ "$phase" = verify ]; then
-  gpu_suite 570
+  gpu_suite 420
+  small_path_suite 120
 elif [ "$phase" = profile-and-ladder ]; then
   # issue 19: where an eager small call spends its host time; issue 21: the ladder again, step 4
   # reordered from the first full run (its dispatched tiles are each list's first)
@@ -116,8 +130,7 @@ elif [ "$phase" = small-path-correct ]; then
   # 2026-12-04: the small path's own tests on the GPU (the suite's -k filter had left them out, and
   # small_graphs' correctness section checked only the general kernels there): whether it can be
   # on by default on a GPU
-  timeout 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py -rA --tb=short \
-    > "$out/small_path_gpu_tests.log" 2>&1; tail -n 6 "$out/small_path_gpu_tests.log"
+  small_path_suite 200     # (as run on 2026-12-04 it gave -rA: every test's PASSED line)
   timeout 120 python -m measurements.small_graphs "$out" --sections correctness --budget-s 90 \
     > "$out/small_graphs_correctness.log" 2>&1; tail -n 3 "$out/small_graphs_correctness.log"
 elif [ "$phase" = small-table ]; then
