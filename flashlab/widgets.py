@@ -185,8 +185,8 @@ def decoder_stepper_widget(model, coords):
         tour, _ = model.eval()(coords[None], "greedy", trace=trace)
     probabilities = torch.cat(trace).float()
 
-    def show(step):
-        draw_decoding_step(coords, tour[0], probabilities, step)
+    def show(step):                       # the slider counts from 1, as the figure's title does
+        draw_decoding_step(coords, tour[0], probabilities, step - 1)
         plt.show()
 
-    return widgets.interactive(show, step=widgets.IntSlider(0, 0, len(trace) - 1, description="step"))
+    return widgets.interactive(show, step=widgets.IntSlider(1, 1, len(trace), description="step"))

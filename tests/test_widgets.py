@@ -46,3 +46,21 @@ def test_decoder_trace_and_step_figure():
         assert (probabilities[:, step].gather(1, tours[:, :step]) == 0).all()
     fig = draw_decoding_step(coords[0], tours[0], probabilities[0], step=3)
     assert fig.axes[0].get_title() == "step 4 of 7"
+
+
+def test_decoder_slider_counts_steps_as_the_figure_title_does():
+    import matplotlib.pyplot as plt
+
+    from flashlab.model import ATTENTION
+    from flashlab.tsp import AttentionModel, random_instances
+    from flashlab.widgets import decoder_stepper_widget
+
+    torch.manual_seed(0)
+    model = AttentionModel(embed_dim=16, n_heads=2, n_layers=1, ff_dim=32, attention_fn=ATTENTION["sdpa"])
+    widget = decoder_stepper_widget(model, random_instances(1, 7, seed=1)[0])
+    slider = widget.children[0]
+    assert (slider.min, slider.max, slider.value) == (1, 7, 1)
+    for step in (1, 7):
+        plt.close("all")
+        widget.f(step)                                             # what moving the slider to `step` calls
+        assert plt.gcf().axes[0].get_title() == f"step {step} of 7"
