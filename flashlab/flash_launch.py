@@ -112,6 +112,14 @@ def _tuned_launch(kernel, q, k, is_causal, has_mask, dropout, launch, input_prec
     launch(autotune.tuner.choose(key, configs, launch, tune=tune))
 
 
+def _takes_small_path(q, k, window) -> bool:
+    """Whether a call goes to `flash_small`: checked before the Hopper kernels, since one key tile
+    beats their 128-row tiles at short N. Not with a window, and not while a test forces the
+    general kernels' configurations (`autotune.force`)."""
+    return window is None and not autotune.forcing() and \
+        flash_small.applies(q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device.type)
+
+
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window=None):
     """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs).
     ``window``: None or ``(left, right)`` as `flashlab.attention` takes it. On a Hopper GPU the
@@ -119,10 +127,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
     `flash_small` on every device, before the Hopper check (neither takes a window)."""
     if window is not None and tuple(window) == (-1, -1):
         window = None
-    # short sequences first: one key tile beats the Hopper kernels' 128-row tiles there; a forced
-    # configuration (autotune.force) means the general kernels, which a test is exercising
-    small = window is None and not autotune.forcing() and \
-        flash_small.applies(q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device.type)
+    small = _takes_small_path(q, k, window)
     if not small and window is None and q.device.type == "cuda" and \
             flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_forward(q, k, v, is_causal, scale)
@@ -159,8 +164,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     `flash_small` on every device, before the Hopper check (neither takes a window)."""
     if window is not None and tuple(window) == (-1, -1):
         window = None
-    small = window is None and not autotune.forcing() and \
-        flash_small.applies(q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device.type)
+    small = _takes_small_path(q, k, window)
     if not small and window is None and q.device.type == "cuda" and \
             flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
         return flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)

@@ -70,14 +70,11 @@ def enabled(device_type: str = "cpu") -> bool:
     """FLASHLAB_SMALL_PATH=0: every shape runs the general kernels (the "before" of the GPU
     measurements); unset or =1: the small path where it applies, on CPU and GPU alike.
 
-    On a GPU it has been on by default since 2026-12-04, once an H200 had shown it correct
-    (tests/test_flash_small.py and 46 small-path shapes of measurements/small_graphs.py against
-    float64, bf16/fp16/fp32: results/h200/small_path_gpu_tests.log,
-    small_graphs_small_path_correctness.json) and faster than the general kernels: forward+backward
-    0.56-0.78 ms against 0.83-1.12 eagerly, 0.04-0.42 ms against 0.10-0.45 in graph replay, at
-    N = 20-128, D = 16 and 64 (small_graphs.json), and the compiled TSP training step 2.5-2.9x
-    (small_graphs_compiled_steps.json). `device_type` is kept for callers and for a
-    per-device default should one be needed again."""
+    On a GPU it has been on by default since 2026-12-04, once an H200 had shown it correct against
+    float64 (results/h200/small_path_gpu_tests.log, small_graphs_small_path_correctness.json) and
+    faster than the kernels it replaces (small_graphs_table.json, small_graphs_compiled_steps.json;
+    results/README.md). `device_type` is unused since; callers pass it in case a device needs its
+    own default again."""
     return os.environ.get("FLASHLAB_SMALL_PATH", "1") != "0"
 
 

@@ -128,8 +128,8 @@ def correctness(device, size, budget) -> dict:
                         continue
                     q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True)
                                for _ in range(3))
-                    # the small path switched on: unset, it is off on a GPU, and this section (until
-                    # 2026-12-04) checked only the general kernels there
+                    # the small path switched on whatever the environment says: until 2026-12-04 it was
+                    # off by default on a GPU, and this section checked only the general kernels there
                     with small_path(True):
                         out = attention(q, k, v, is_causal=is_causal, exact_fp32=True)
                         grad = torch.randn_like(out)

@@ -141,6 +141,21 @@ def test_unset_means_on_for_cpu_and_gpu_and_zero_means_off(monkeypatch):
     assert not flash_small.applies(20, 20, 16, torch.bfloat16, "cuda")
 
 
+def test_default_configurations():
+    """GPU: score tiles of at most 64 × 128 (forward) and 32 × 128 (backward), whole short
+    sequences in one step; the interpreter: always the whole sequence."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert flash_small.default_config("forward", 20, 20, cuda) == flash_small.SmallConfig(32)
+    assert flash_small.default_config("forward", 128, 128, cuda) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 128, 128, cuda) == flash_small.SmallConfig(32)
+    assert flash_small.default_config("backward", 50, 50, cuda) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 1, 100, cuda) == flash_small.SmallConfig(16)
+    assert flash_small.default_config("backward", 128, 128, cpu) == flash_small.SmallConfig(128)
+    with pytest.raises(ValueError, match="unknown kernels"):
+        with flash_small.force(dq=flash_small.SmallConfig(16)):
+            pass
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
 @pytest.mark.parametrize("N", [50, 300])            # the small path, and the general kernels
 def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
