@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import direct_launch
 from .autotune import overriding
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
 from .runtime import kernel_for
@@ -293,11 +294,15 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
                          **config.kwargs())
         return grid, ints, constants, (B, H, n_q)
 
-    grid, ints, constants, lse_shape = _plan(key, build)
+    plan = _plan(key, build)
+    grid, ints, constants, lse_shape = plan
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    kernel_for(small_forward_kernel, q.device)[grid](q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p,
-                                                      **constants)
+    args = (q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p)
+    if q.is_cuda:
+        direct_launch.launch(small_forward_kernel, plan, grid, args, 6, constants)   # the six tensors first
+    else:
+        kernel_for(small_forward_kernel, q.device)[grid](*args, **constants)
     return out, lse
 
 
@@ -325,9 +330,13 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
                          **config.kwargs())
         return grid, ints, constants
 
-    grid, ints, constants = _plan(key, build)
-    kernel_for(small_backward_kernel, q.device)[grid](q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints,
-                                                       scale * LOG2E, scale, seed, dropout_p, **constants)
+    plan = _plan(key, build)
+    grid, ints, constants = plan
+    args = (q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints, scale * LOG2E, scale, seed, dropout_p)
+    if q.is_cuda:
+        direct_launch.launch(small_backward_kernel, plan, grid, args, 10, constants)  # the ten tensors first
+    else:
+        kernel_for(small_backward_kernel, q.device)[grid](*args, **constants)
     return dq, dk, dv
 
 

@@ -138,6 +138,16 @@ elif [ "$phase" = small-table ]; then
   # "general" column is now the Hopper path, which was off when small_graphs.json was recorded)
   timeout 150 python -m measurements.small_graphs "$out" --sections table --budget-s 100 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+elif [ "$phase" = host-and-encoder ]; then
+  # issue 19, 2026-12-04 (second session): where an eager small-path forward+backward spends its
+  # time, piece by piece, Triton's launch against flashlab.direct_launch (and whether the two give
+  # identical bits); the direct launch's GPU tests; then the encoder step on the small path
+  timeout 300 python -m measurements.small_host_time "$out" > "$out/small_host_time.log" 2>&1; tail -n 7 "$out/small_host_time.log"
+  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_direct_launch.py -rA --tb=short \
+    > "$out/direct_launch_gpu_tests.log" 2>&1; tail -n 3 "$out/direct_launch_gpu_tests.log"
+  small_path_suite 80      # the small path's own tests, now through the direct launch
+  timeout 150 python -m measurements.small_graphs "$out" --sections tsp_encoder --budget-s 120 \
+    > "$out/small_graphs.log" 2>&1; tail -n 4 "$out/small_graphs.log"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -1,0 +1,264 @@
+"""Where an eager small-path forward+backward spends its time on a GPU (issue 19), piece by piece,
+with Triton's launch and the direct launch (`flashlab.direct_launch`) side by side.
+
+    python -m measurements.small_host_time OUT_DIR [--calls 400]
+
+Every figure is wall-clock µs per call over ``--calls`` back-to-back calls, the GPU synchronised
+once before and once after (no L2 flush between calls, unlike `flashlab.timing.time_ms`: a
+training loop does not flush either), median of 5 repeats. A call shorter than its own host
+time is timed at its host time; the GPU time alone is the CUDA-graph replay. Pieces, at
+B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 16, 128 × 64:
+
+  graph             forward+backward replayed from a CUDA graph: the GPU's time alone
+  fwd_nograd        flashlab.attention under no_grad
+  fwd_grad          flashlab.attention with autograd recording, no backward
+  fwd_bwd           flashlab.attention(...).backward(grad): what a training step pays
+  bwd_direct_call   flashlab.ops.backward_kernels called on the main thread (no autograd engine)
+  launch_fwd        the small forward kernel launched alone with prebuilt arguments
+  empty_function    an autograd.Function whose forward and backward only allocate, fwd+bwd
+  sdpa_*            SDPA, default dispatch and each backend, fwd_bwd and fwd_nograd
+
+each with FLASHLAB_DIRECT_LAUNCH=0 and =1 where it matters; then a correctness check of the
+direct launch (outputs and gradients identical, bit for bit, to Triton's launch, with masks,
+causal, dropout, GQA), a cProfile of fwd_bwd, and torch.profiler's CPU/CUDA operator table.
+Writes OUT_DIR/small_host_time.json and small_host_time.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(20, 16), (50, 16), (100, 16), (128, 64)]
+B, H = 512, 8
+
+
+@contextmanager
+def direct(on: bool):
+    before = os.environ.get("FLASHLAB_DIRECT_LAUNCH")
+    os.environ["FLASHLAB_DIRECT_LAUNCH"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FLASHLAB_DIRECT_LAUNCH"]
+        else:
+            os.environ["FLASHLAB_DIRECT_LAUNCH"] = before
+
+
+def wall_us(fn, calls: int, repeats: int = 5) -> float:
+    for _ in range(20):
+        fn()
+    results = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        results.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(results)
+
+
+class EmptyFunction(torch.autograd.Function):
+    """Allocates its outputs and gradients, computes nothing: the cost of a Python
+    autograd.Function and of the autograd engine's call into Python on a CUDA backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def pieces(n: int, d: int, calls: int) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashlab import attention, ops
+    from flashlab.flash_small import LOG2E, small_forward_kernel
+    from flashlab.timing import time_graph_ms
+    q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q)
+    scale = d ** -0.5
+
+    def fwd_bwd(fn=attention):
+        def run():
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v).backward(grad)
+        return run
+
+    def fwd_nograd(fn=attention):
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+        return run
+
+    def fwd_grad():
+        attention(q, k, v)
+
+    out, lse = ops.forward_kernels(q.detach(), k.detach(), v.detach(), None, 0.0, None, False, scale, "ieee")
+
+    def bwd_direct_call():
+        ops.backward_kernels(grad, q.detach(), k.detach(), v.detach(), out, lse, None, 0.0, None, False, scale,
+                             "ieee", False)
+
+    row = {"N": n, "D": d}
+    row["graph_us"] = time_graph_ms(fwd_bwd(), 10, 40) * 1e3
+    for on in (False, True):
+        tag = "direct" if on else "triton"
+        with direct(on):
+            row[f"fwd_nograd_{tag}"] = wall_us(fwd_nograd(), calls)
+            row[f"fwd_grad_{tag}"] = wall_us(fwd_grad, calls)
+            row[f"fwd_bwd_{tag}"] = wall_us(fwd_bwd(), calls)
+            row[f"bwd_direct_call_{tag}"] = wall_us(bwd_direct_call, calls)
+
+    # the forward kernel alone, arguments prebuilt (what the plan holds), Triton's launch vs direct
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    o, l_ = torch.empty_like(qd), torch.empty(B, H, n, device="cuda")
+    ops.forward_kernels(qd, kd, vd, None, 0.0, None, False, scale, "ieee")     # makes the plan
+    from flashlab import flash_small
+    plan = next(p for key, p in flash_small._plans.items() if key[0] == "forward" and key[1] == qd.shape)
+    grid, ints, constants, _ = plan
+    args = (qd, kd, vd, qd, o, l_, *ints, scale * LOG2E, 0, 0.0)
+    row["launch_fwd_triton"] = wall_us(lambda: small_forward_kernel[grid](*args, **constants), calls)
+    from flashlab import direct_launch
+    with direct(True):
+        row["launch_fwd_direct"] = wall_us(lambda: direct_launch.launch(small_forward_kernel, plan, grid, args, 6,
+                                                                        constants), calls)
+    row["empty_function_fwd_bwd"] = wall_us(fwd_bwd(EmptyFunction.apply), calls)
+    row["torch_empty_like_x3"] = wall_us(lambda: (torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)),
+                                         calls)
+    backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+    for name, backend in backends.items():
+        def sdpa(q_, k_, v_, backend=backend):
+            if backend is None:
+                return F.scaled_dot_product_attention(q_, k_, v_)
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q_, k_, v_)
+        try:
+            row[f"{name}_fwd_bwd"] = wall_us(fwd_bwd(sdpa), calls)
+            row[f"{name}_fwd_nograd"] = wall_us(fwd_nograd(sdpa), calls)
+            row[f"{name}_graph_us"] = time_graph_ms(fwd_bwd(sdpa), 10, 40) * 1e3
+        except Exception as exc:                       # a backend that refuses the shape
+            row[f"{name}_fwd_bwd"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            torch.cuda.synchronize()
+    return row
+
+
+def same_bits() -> list[dict]:
+    """The direct launch against Triton's: identical outputs and gradients (the kernels are
+    deterministic), over masks, causal, dropout, GQA and odd sizes."""
+    from flashlab import attention
+    cases = []
+    for n, d, dtype in ((1, 16, torch.bfloat16), (17, 16, torch.float16), (50, 16, torch.bfloat16),
+                        (100, 64, torch.bfloat16), (33, 32, torch.float32)):
+        for extra in ({}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}, {"dropout_p": 0.2},
+                      {"gqa": True}, {"view": True}):
+            torch.manual_seed(0)
+            kv_heads = 2 if extra.get("gqa") else 4
+            if extra.get("view"):     # q, k, v as views into one (B, N, 3, H, D) tensor, as a fused QKV gives
+                qkv = torch.randn(3, n, 3, 4, d, device="cuda", dtype=dtype)
+                q, k, v = (t.detach().requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4))
+            else:
+                q = torch.randn(3, 4, n, d, device="cuda", dtype=dtype, requires_grad=True)
+                k, v = (torch.randn(3, kv_heads, n, d, device="cuda", dtype=dtype, requires_grad=True)
+                        for _ in range(2))
+            mask = None
+            if extra.get("mask") == "bool":
+                mask = torch.rand(n, n, device="cuda") > 0.3
+            elif extra.get("mask") == "float":
+                mask = torch.randn(3, 1, n, n, device="cuda", dtype=dtype)
+            grad = torch.randn(3, 4, n, d, device="cuda", dtype=dtype)
+            results = []
+            for on in (False, True, True):         # the second direct call is the one that skips Triton
+                with direct(on):
+                    for t in (q, k, v):
+                        t.grad = None
+                    torch.manual_seed(1)
+                    out = attention(q, k, v, attn_mask=mask, is_causal=extra.get("is_causal", False),
+                                    dropout_p=extra.get("dropout_p", 0.0), enable_gqa=bool(extra.get("gqa")))
+                    out.backward(grad)
+                    results.append([out.detach().clone(), q.grad.clone(), k.grad.clone(), v.grad.clone()])
+            same = all(torch.equal(a, b) for a, b in zip(results[0], results[2]))
+            cases.append({"N": n, "D": d, "dtype": str(dtype), "case": extra or "plain", "identical": same})
+    return cases
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--calls", type=int, default=400)
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("FLASHLAB_AUTOTUNE", "0")
+    import triton
+
+    from flashlab import direct_launch
+    result = {"environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")},
+              "how": __doc__, "B": B, "H": H, "dtype": "bfloat16", "calls": args.calls}
+    text = io.StringIO()
+    result["identical"] = same_bits()
+    bad = [c for c in result["identical"] if not c["identical"]]
+    print(f"direct launch identical to Triton's in {len(result['identical']) - len(bad)}/{len(result['identical'])} "
+          f"cases" + (f"; differs: {bad}" if bad else ""), flush=True)
+    result["rows"] = []
+    for n, d in SHAPES:
+        row = pieces(n, d, args.calls)
+        result["rows"].append(row)
+        print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    result["direct_launch_entries"] = len(direct_launch._compiled)
+
+    from flashlab import attention
+    q, k, v = (torch.randn(B, H, 20, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q)
+
+    def run():
+        q.grad = k.grad = v.grad = None
+        attention(q, k, v).backward(grad)
+    for on in (False, True):
+        with direct(on):
+            for _ in range(20):
+                run()
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(300):
+                run()
+            torch.cuda.synchronize()
+            profile.disable()
+            stats = io.StringIO()
+            pstats.Stats(profile, stream=stats).sort_stats("tottime").print_stats(30)
+            text.write(f"== cProfile, 300 fwd+bwd at N = 20, D = 16, direct launch {'on' if on else 'off'}\n"
+                       f"{stats.getvalue()}\n")
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts) as prof:
+                for _ in range(30):
+                    run()
+                torch.cuda.synchronize()
+            text.write(f"== torch.profiler, 30 fwd+bwd, direct launch {'on' if on else 'off'}\n"
+                       + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+            if on:
+                prof.export_chrome_trace(str(args.out_dir / "small_host_time_trace.json"))
+    (args.out_dir / "small_host_time.json").write_text(json.dumps(result, indent=1))
+    (args.out_dir / "small_host_time.txt").write_text(text.getvalue())
+    print(f"wrote {args.out_dir}/small_host_time.json, .txt", flush=True)
+
+
+if __name__ == "__main__":
+    main()
