@@ -148,6 +148,17 @@ elif [ "$phase" = host-and-encoder ]; then
   small_path_suite 80      # the small path's own tests, now through the direct launch
   timeout 150 python -m measurements.small_graphs "$out" --sections tsp_encoder --budget-s 120 \
     > "$out/small_graphs.log" 2>&1; tail -n 4 "$out/small_graphs.log"
+elif [ "$phase" = direct-table-encoder ]; then
+  # issue 19, 2026-12-04 (second session), after host-and-encoder: the direct launch's GPU tests
+  # (graph-capture test fixed), the table and the encoder step with the direct launch on, the
+  # encoder step also captured whole in a CUDA graph; then a second sample of the host-time pieces
+  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_direct_launch.py -rA --tb=short \
+    > "$out/direct_launch_gpu_tests.log" 2>&1; tail -n 2 "$out/direct_launch_gpu_tests.log"
+  timeout 230 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 200 \
+    > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+  mkdir -p "$out/second"
+  timeout 200 python -m measurements.small_host_time "$out/second" > "$out/second/small_host_time.log" 2>&1
+  tail -n 6 "$out/second/small_host_time.log"; rm -f "$out/second/small_host_time_trace.json"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
