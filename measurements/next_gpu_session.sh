@@ -159,6 +159,14 @@ elif [ "$phase" = direct-table-encoder ]; then
   mkdir -p "$out/second"
   timeout 200 python -m measurements.small_host_time "$out/second" > "$out/second/small_host_time.log" 2>&1
   tail -n 6 "$out/second/small_host_time.log"; rm -f "$out/second/small_host_time_trace.json"
+elif [ "$phase" = choices-and-thin ]; then
+  # issue 19, 2026-12-04 (second session): the small kernels' launch choices, now with the small path
+  # on (2026-12-03's run timed the general kernels for every choice); then what an eager call costs
+  # below flashlab's layers: the small kernels behind the thinnest autograd.Function
+  timeout 200 python -m measurements.small_graphs "$out" --sections choices --budget-s 170 \
+    > "$out/small_graphs.log" 2>&1; tail -n 4 "$out/small_graphs.log"
+  timeout 150 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
+    > "$out/small_host_time_thin.log" 2>&1; tail -n 4 "$out/small_host_time_thin.log"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -16,6 +16,8 @@ B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 1
   bwd_direct_call   flashlab.ops.backward_kernels called on the main thread (no autograd engine)
   launch_fwd        the small forward kernel launched alone with prebuilt arguments
   empty_function    an autograd.Function whose forward and backward only allocate, fwd+bwd
+                    (also with flashlab's eleven inputs and two outputs: ..._like_flashlab)
+  thin_small        the small kernels behind the thinnest autograd.Function (no options)
   sdpa_*            SDPA, default dispatch and each backend, fwd_bwd and fwd_nograd
 
 each with FLASHLAB_DIRECT_LAUNCH=0 and =1 where it matters; then a correctness check of the
@@ -86,6 +88,47 @@ class EmptyFunction(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+class EmptyFunctionLikeFlashlab(torch.autograd.Function):
+    """EmptyFunction with flashlab's signature: eleven inputs (q, k, v, then eight options), two
+    outputs of which the second (the log-sum-exp) is non-differentiable, no materialised
+    gradients, eleven gradients returned: what that signature alone costs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, dropout_p, seed, is_causal, scale, precision, left, right):
+        ctx.set_materialize_grads(False)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, lse, mask, seed)
+        ctx.options = (dropout_p, is_causal, scale, precision)
+        return torch.empty_like(q), lse
+
+    @staticmethod
+    def backward(ctx, grad, _grad_lse):
+        q, k, v, lse, mask, seed = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *(None,) * 8
+
+
+class ThinSmallAttention(torch.autograd.Function):
+    """The small kernels behind the thinnest autograd.Function: no checks, no dispatch, no
+    options (no mask, no dropout, not causal, default scale): the floor of an eager call made of
+    a Python autograd.Function and two Triton launches."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        from flashlab import flash_small
+        out, lse = flash_small.small_forward(q, k, v, q, (0, 0, 0, 0), False, False, 0.0, 0, False,
+                                             q.shape[-1] ** -0.5, "ieee")
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        from flashlab import flash_small
+        q, k, v, out, lse = ctx.saved_tensors
+        return flash_small.small_backward(q, k, v, out, lse, grad.contiguous(), q, (0, 0, 0, 0), False, False, 0.0,
+                                          0, False, q.shape[-1] ** -0.5, "ieee")
+
+
 def pieces(n: int, d: int, calls: int) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -141,6 +184,11 @@ def pieces(n: int, d: int, calls: int) -> dict:
         row["launch_fwd_direct"] = wall_us(lambda: direct_launch.launch(small_forward_kernel, plan, grid, args, 6,
                                                                         constants), calls)
     row["empty_function_fwd_bwd"] = wall_us(fwd_bwd(EmptyFunction.apply), calls)
+    row["empty_function_like_flashlab_fwd_bwd"] = wall_us(
+        fwd_bwd(lambda q_, k_, v_: EmptyFunctionLikeFlashlab.apply(q_, k_, v_, None, 0.0, None, False, 0.25, "ieee",
+                                                                   -1, -1)[0]), calls)
+    with direct(True):
+        row["thin_small_fwd_bwd_direct"] = wall_us(fwd_bwd(ThinSmallAttention.apply), calls)
     row["torch_empty_like_x3"] = wall_us(lambda: (torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)),
                                          calls)
     backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -204,7 +252,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--shapes", default=None, help="N×D,… (default: 20x16,50x16,100x16,128x64)")
+    parser.add_argument("--quick", action="store_true", help="the timed pieces only: no identity check, no profiles")
     args = parser.parse_args(argv)
+    shapes = SHAPES if args.shapes is None else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("FLASHLAB_AUTOTUNE", "0")
     import triton
@@ -214,16 +265,21 @@ def main(argv=None) -> None:
                               "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")},
               "how": __doc__, "B": B, "H": H, "dtype": "bfloat16", "calls": args.calls}
     text = io.StringIO()
-    result["identical"] = same_bits()
-    bad = [c for c in result["identical"] if not c["identical"]]
-    print(f"direct launch identical to Triton's in {len(result['identical']) - len(bad)}/{len(result['identical'])} "
-          f"cases" + (f"; differs: {bad}" if bad else ""), flush=True)
+    if not args.quick:
+        result["identical"] = same_bits()
+        bad = [c for c in result["identical"] if not c["identical"]]
+        print(f"direct launch identical to Triton's in {len(result['identical']) - len(bad)}/"
+              f"{len(result['identical'])} cases" + (f"; differs: {bad}" if bad else ""), flush=True)
     result["rows"] = []
-    for n, d in SHAPES:
+    for n, d in shapes:
         row = pieces(n, d, args.calls)
         result["rows"].append(row)
         print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     result["direct_launch_entries"] = len(direct_launch._compiled)
+    if args.quick:
+        (args.out_dir / "small_host_time.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out_dir}/small_host_time.json", flush=True)
+        return
 
     from flashlab import attention
     q, k, v = (torch.randn(B, H, 20, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
