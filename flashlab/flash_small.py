@@ -103,18 +103,27 @@ class SmallConfig:
         return f"{self.block_m}xall h{self.heads} w{self.num_warps}"
 
 
-def default_config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
+def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
     GPU: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
     N ≤ 64 whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
     beside dK and dV; 4 warps; one head per program: B·H = 4096 programs are 30 waves of an
-    H200's 132 SMs already, so packing heads buys no occupancy (measurements/small_graphs.py
-    compares the alternatives). Interpreter: the whole sequence in one step (fewer, larger
-    numpy operations)."""
+    H200's 132 SMs already, so packing heads buys no occupancy. At D = 16 (the routing models')
+    dK and dV are small enough for a 64 × 128 backward tile, and short sequences run best on
+    16-row tiles with 2 warps: an H200's forward+backward replayed from a CUDA graph (B·H = 4096,
+    bf16; `measurements/small_graphs.py --sections choices`, results/h200/small_graphs_choices.json)
+    took 0.167 ms at N = 100 with 64 rows against 0.238 with 32, and 0.032 ms at N = 20 with 16
+    rows and 2 warps against 0.037 with 32 and 4. Other head dimensions keep the 32-row tile
+    (not measured against the alternatives). Interpreter: the whole sequence in one step (fewer,
+    larger numpy operations)."""
     block_n = _pow2(n_k)
     if device.type != "cuda":
         return SmallConfig(block_m=_pow2(n_q))
+    if kernel == "backward" and _pow2(head_dim) == 16:
+        if block_n <= 32:
+            return SmallConfig(block_m=16, num_warps=2)
+        return SmallConfig(block_m=min(_pow2(n_q), 8192 // block_n))
     budget = 8192 if kernel == "forward" else 4096
     return SmallConfig(block_m=min(_pow2(n_q), max(16, budget // block_n)))
 
@@ -284,7 +293,7 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     def build():
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
-        config = _config("forward", n_q, n_k, q.device)
+        config = _config("forward", n_q, n_k, q.device, head_dim)
         out_strides = (H * n_q * head_dim, n_q * head_dim, head_dim)        # O is allocated contiguous
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
         ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides,
@@ -320,7 +329,7 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     def build():
         B, H, n_q, head_dim = q.shape
         H_kv, n_k = k.shape[1], k.shape[2]
-        config = _config("backward", n_q, n_k, q.device)
+        config = _config("backward", n_q, n_k, q.device, head_dim)
         grid = (-(-B * H_kv // config.heads),)
         ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
             s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
@@ -340,5 +349,5 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     return dq, dk, dv
 
 
-def _config(kernel: str, n_q: int, n_k: int, device: torch.device) -> SmallConfig:
-    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device)
+def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int) -> SmallConfig:
+    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device, head_dim)

@@ -167,6 +167,13 @@ elif [ "$phase" = choices-and-thin ]; then
     > "$out/small_graphs.log" 2>&1; tail -n 4 "$out/small_graphs.log"
   timeout 150 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
     > "$out/small_host_time_thin.log" 2>&1; tail -n 4 "$out/small_host_time_thin.log"
+elif [ "$phase" = defaults-verify ]; then
+  # issue 19, 2026-12-04 (second session), after choices-and-thin: the small path's D = 16 backward
+  # defaults changed from that run (64-row tiles at 33-128 keys, 16 rows and 2 warps up to 32):
+  # its tests, small_graphs' correctness section, the table and the encoder step again
+  small_path_suite 80
+  timeout 250 python -m measurements.small_graphs "$out" --sections correctness table tsp_encoder --budget-s 200 \
+    > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -415,7 +415,7 @@ def choices(device, size, budget) -> dict:
         width = flash_small._pow2(N)
         for kernel, options, fn in (("forward", FORWARD_CHOICES, forward),
                                     ("backward", BACKWARD_CHOICES, forward_backward)):
-            default = flash_small.default_config(kernel, N, N, torch.device(device))
+            default = flash_small.default_config(kernel, N, N, torch.device(device), D)
             for block_m, heads, warps in options:
                 if block_m > width:
                     continue

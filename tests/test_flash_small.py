@@ -150,6 +150,13 @@ def test_default_configurations():
     assert flash_small.default_config("backward", 128, 128, cuda) == flash_small.SmallConfig(32)
     assert flash_small.default_config("backward", 50, 50, cuda) == flash_small.SmallConfig(64)
     assert flash_small.default_config("backward", 1, 100, cuda) == flash_small.SmallConfig(16)
+    # D = 16, as measured on an H200 (results/h200/small_graphs_choices.json): 64-row backward tiles
+    # at 100 keys, 16-row tiles with 2 warps up to 32 keys; other head dimensions unchanged
+    assert flash_small.default_config("backward", 100, 100, cuda, 16) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 50, 50, cuda, 16) == flash_small.SmallConfig(64)
+    assert flash_small.default_config("backward", 20, 20, cuda, 16) == flash_small.SmallConfig(16, num_warps=2)
+    assert flash_small.default_config("backward", 100, 100, cuda, 64) == flash_small.SmallConfig(32)
+    assert flash_small.default_config("forward", 100, 100, cuda, 16) == flash_small.SmallConfig(64)
     assert flash_small.default_config("backward", 128, 128, cpu) == flash_small.SmallConfig(128)
     with pytest.raises(ValueError, match="unknown kernels"):
         with flash_small.force(dq=flash_small.SmallConfig(16)):
