@@ -44,6 +44,14 @@
 #       (issue 19's encoder target), ~8 min
 #   then a TSP50 retraining on the small path (tsp_train_h200.sh with TSP_TRAIN_OPTS="--compile
 #   reduce-overhead"), and TSP100 (issue 19's stretch)
+# After the second session of 2026-12-04 (verify, host-and-encoder, direct-table-encoder, choices-and-thin,
+# defaults-verify: all recorded; the direct launch and the D = 16 tiles changed the small path), next:
+#   bash measurements/next_gpu_session.sh suite-and-choices OUT   the whole GPU suite after those two
+#       changes, then the small kernels' launch choices at D = 32 and 64 (~8 min)
+#   bash measurements/next_gpu_session.sh tsp100-first OUT        issue 19's stretch: TSP100 on the small
+#       path, step compiled, the first 8 minutes of training (~9.5 min); carry runs/tsp100/ back from OUT
+#   bash measurements/next_gpu_session.sh tsp100-second OUT       resumed to 16 minutes, exported,
+#       evaluated on 10,000 instances (~9.5 min)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -174,6 +182,29 @@ elif [ "$phase" = defaults-verify ]; then
   small_path_suite 80
   timeout 250 python -m measurements.small_graphs "$out" --sections correctness table tsp_encoder --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
+elif [ "$phase" = suite-and-choices ]; then
+  gpu_suite 330
+  timeout 200 python -m measurements.small_graphs "$out" --sections choices --choice-d 32 64 --budget-s 170 \
+    > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+elif [ "$phase" = tsp100-first ]; then
+  # TSP100 from scratch on the small path (the GPU default), step compiled; the trainer stops itself at
+  # 8 minutes of training (compilation included) and leaves runs/tsp100/checkpoint_last.pt
+  mkdir -p runs/tsp100 "$out/runs/tsp100"
+  timeout 570 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
+    --steps 10000000 --time-limit-min 8 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
+    --compile reduce-overhead > "$out/tsp100_train_first.log" 2>&1; tail -n 2 "$out/tsp100_train_first.log"
+  cp runs/tsp100/checkpoint_last.pt runs/tsp100/metrics.csv "$out/runs/tsp100/"
+elif [ "$phase" = tsp100-second ]; then
+  # needs runs/tsp100/checkpoint_last.pt and metrics.csv from tsp100-first's OUT in the tree
+  timeout 500 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
+    --steps 10000000 --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
+    --compile reduce-overhead --resume runs/tsp100/checkpoint_last.pt > "$out/tsp100_train_second.log" 2>&1
+  tail -n 2 "$out/tsp100_train_second.log"
+  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
+  timeout 120 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
+    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
+  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
+  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

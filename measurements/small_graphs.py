@@ -50,11 +50,11 @@ SIZES = {
     False: dict(correct_bh=(4, 4), correct_n=[1, 2, 17, 20, 50, 64, 100, 128], correct_d=[16, 64],
                 table_bh=(512, 8), table_n=[20, 50, 100, 128, 1000], table_d=[16, 64],
                 tsp_batch=512, tsp_nodes=[20, 50, 100], train_nodes=[20, 50], train_warmup=3, train_steps=10,
-                choice_n=[20, 50, 100], warmup_ms=10, rep_ms=40, cpu_runs=5),
+                choice_n=[20, 50, 100], choice_d=[16], warmup_ms=10, rep_ms=40, cpu_runs=5),
     True: dict(correct_bh=(1, 2), correct_n=[1, 17, 20], correct_d=[16],
                table_bh=(2, 2), table_n=[20, 40], table_d=[16],
                tsp_batch=1, tsp_nodes=[4], train_nodes=[3], train_warmup=1, train_steps=1, compile_on_cpu=True,
-               choice_n=[20], warmup_ms=1, rep_ms=1, cpu_runs=1),
+               choice_n=[20], choice_d=[16], warmup_ms=1, rep_ms=1, cpu_runs=1),
 }
 
 
@@ -403,10 +403,11 @@ def choices(device, size, budget) -> dict:
     from flashlab.flash_attention import attention
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     B, H = size["table_bh"]
-    D = 16
     rows, skipped = [], []
     timer = graph_ms if device == "cuda" else eager_ms
-    for N in size["choice_n"]:
+    for D, N in ((d, n) for d in size["choice_d"] for n in size["choice_n"]):
+        if N > flash_small.max_keys(D, dtype):
+            continue                                   # beyond the small path at this head dimension
         q, k, v = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         grad = torch.randn_like(q)
         with small_path(True):
@@ -420,7 +421,7 @@ def choices(device, size, budget) -> dict:
                 if block_m > width:
                     continue
                 if budget.over():
-                    skipped.append({"N": N, "kernel": kernel, "config": [block_m, heads, warps]})
+                    skipped.append({"N": N, "D": D, "kernel": kernel, "config": [block_m, heads, warps]})
                     continue
                 config = flash_small.SmallConfig(block_m, heads, warps)
                 try:
@@ -441,10 +442,11 @@ def choices(device, size, budget) -> dict:
                              "forward_rel_diff_vs_default": error})
         best = {}
         for r in rows:
-            if r["N"] == N and isinstance(r["ms"], float):
+            if r["N"] == N and r["D"] == D and isinstance(r["ms"], float):
                 if r["kernel"] not in best or r["ms"] < best[r["kernel"]]["ms"]:
                     best[r["kernel"]] = r
-        log(f"choices N={N}: " + ", ".join(f"{kern} best {r['config']} {r['ms']:.4f} ms" for kern, r in best.items()))
+        log(f"choices N={N} D={D}: " + ", ".join(f"{kern} best {r['config']} {r['ms']:.4f} ms"
+                                                 for kern, r in best.items()))
     return {"rows": rows, "skipped": skipped, "timer": "CUDA graph replay" if device == "cuda" else "eager (CPU)"}
 
 
@@ -464,6 +466,8 @@ def main(argv=None) -> int:
                         help="run only these sections (default: all, in order)")
     parser.add_argument("--train-nodes", type=int, nargs="+", default=None,
                         help="tsp_train's problem sizes (default 20 50)")
+    parser.add_argument("--choice-d", type=int, nargs="+", default=None,
+                        help="choices' head dimensions (default 16)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU: run with --smoke on a CPU")
@@ -474,6 +478,8 @@ def main(argv=None) -> int:
     size = dict(SIZES[args.smoke])
     if args.train_nodes:
         size["train_nodes"] = args.train_nodes
+    if args.choice_d:
+        size["choice_d"] = args.choice_d
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "small_graphs.json"
