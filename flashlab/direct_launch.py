@@ -75,9 +75,7 @@ def launch(kernel, plan, grid: tuple, args: tuple, n_pointers: int, constants: d
     device = torch.cuda.current_device()
     pointers = tuple((t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_pointers])
     key = (id(kernel), id(plan), device, pointers)
-    entry = _compiled.get(key)
-    if entry is not None and entry[0] is not plan:       # cannot happen while the entry holds plan
-        entry = None
+    entry = _compiled.get(key)     # the entry holds plan, so no other plan can have its id meanwhile
     if entry is None or _hooks_installed():
         compiled = kernel[grid](*args, **constants)         # Triton's launch (compiles the first time)
         if entry is None:

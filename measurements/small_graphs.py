@@ -70,17 +70,23 @@ class Budget:
 
 
 @contextlib.contextmanager
-def small_path(on: bool):
-    """FLASHLAB_SMALL_PATH for the duration (read by flashlab on every call)."""
-    before = os.environ.get("FLASHLAB_SMALL_PATH")
-    os.environ["FLASHLAB_SMALL_PATH"] = "1" if on else "0"
+def switch(name: str, on: bool):
+    """The environment switch ``name`` ("1" or "0") for the duration: flashlab reads its switches
+    (FLASHLAB_SMALL_PATH, FLASHLAB_DIRECT_LAUNCH) on every call."""
+    before = os.environ.get(name)
+    os.environ[name] = "1" if on else "0"
     try:
         yield
     finally:
         if before is None:
-            del os.environ["FLASHLAB_SMALL_PATH"]
+            del os.environ[name]
         else:
-            os.environ["FLASHLAB_SMALL_PATH"] = before
+            os.environ[name] = before
+
+
+def small_path(on: bool):
+    """FLASHLAB_SMALL_PATH for the duration."""
+    return switch("FLASHLAB_SMALL_PATH", on)
 
 
 def log(message: str) -> None:

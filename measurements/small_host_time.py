@@ -36,41 +36,28 @@ import os
 import pstats
 import statistics
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from flashlab import flash_small
+
+from .small_eager_profile import per_call_us
+from .small_graphs import _implementations, _steps, switch
+
 SHAPES = [(20, 16), (50, 16), (100, 16), (128, 64)]
 B, H = 512, 8
 
 
-@contextmanager
 def direct(on: bool):
-    before = os.environ.get("FLASHLAB_DIRECT_LAUNCH")
-    os.environ["FLASHLAB_DIRECT_LAUNCH"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FLASHLAB_DIRECT_LAUNCH"]
-        else:
-            os.environ["FLASHLAB_DIRECT_LAUNCH"] = before
+    """FLASHLAB_DIRECT_LAUNCH for the duration."""
+    return switch("FLASHLAB_DIRECT_LAUNCH", on)
 
 
 def wall_us(fn, calls: int, repeats: int = 5) -> float:
-    for _ in range(20):
-        fn()
-    results = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        results.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(results)
+    """The median over ``repeats`` of `small_eager_profile.per_call_us` (each one warmed up)."""
+    return statistics.median(per_call_us(fn, calls, "cuda") for _ in range(repeats))
 
 
 class EmptyFunction(torch.autograd.Function):
@@ -115,7 +102,6 @@ class ThinSmallAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        from flashlab import flash_small
         out, lse = flash_small.small_forward(q, k, v, q, (0, 0, 0, 0), False, False, 0.0, 0, False,
                                              q.shape[-1] ** -0.5, "ieee")
         ctx.save_for_backward(q, k, v, out, lse)
@@ -123,16 +109,13 @@ class ThinSmallAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from flashlab import flash_small
         q, k, v, out, lse = ctx.saved_tensors
         return flash_small.small_backward(q, k, v, out, lse, grad.contiguous(), q, (0, 0, 0, 0), False, False, 0.0,
                                           0, False, q.shape[-1] ** -0.5, "ieee")
 
 
 def pieces(n: int, d: int, calls: int) -> dict:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from flashlab import attention, ops
+    from flashlab import attention, direct_launch, ops
     from flashlab.flash_small import LOG2E, small_forward_kernel
     from flashlab.timing import time_graph_ms
     q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -140,16 +123,10 @@ def pieces(n: int, d: int, calls: int) -> dict:
     scale = d ** -0.5
 
     def fwd_bwd(fn=attention):
-        def run():
-            q.grad = k.grad = v.grad = None
-            fn(q, k, v).backward(grad)
-        return run
+        return _steps(fn, q, k, v, grad)[1]
 
     def fwd_nograd(fn=attention):
-        def run():
-            with torch.no_grad():
-                fn(q, k, v)
-        return run
+        return _steps(fn, q, k, v, grad)[0]
 
     def fwd_grad():
         attention(q, k, v)
@@ -174,12 +151,10 @@ def pieces(n: int, d: int, calls: int) -> dict:
     qd, kd, vd = q.detach(), k.detach(), v.detach()
     o, l_ = torch.empty_like(qd), torch.empty(B, H, n, device="cuda")
     ops.forward_kernels(qd, kd, vd, None, 0.0, None, False, scale, "ieee")     # makes the plan
-    from flashlab import flash_small
     plan = next(p for key, p in flash_small._plans.items() if key[0] == "forward" and key[1] == qd.shape)
     grid, ints, constants, _ = plan
     args = (qd, kd, vd, qd, o, l_, *ints, scale * LOG2E, 0, 0.0)
     row["launch_fwd_triton"] = wall_us(lambda: small_forward_kernel[grid](*args, **constants), calls)
-    from flashlab import direct_launch
     with direct(True):
         row["launch_fwd_direct"] = wall_us(lambda: direct_launch.launch(small_forward_kernel, plan, grid, args, 6,
                                                                         constants), calls)
@@ -191,14 +166,10 @@ def pieces(n: int, d: int, calls: int) -> dict:
         row["thin_small_fwd_bwd_direct"] = wall_us(fwd_bwd(ThinSmallAttention.apply), calls)
     row["torch_empty_like_x3"] = wall_us(lambda: (torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)),
                                          calls)
-    backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-                "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
-    for name, backend in backends.items():
-        def sdpa(q_, k_, v_, backend=backend):
-            if backend is None:
-                return F.scaled_dot_product_attention(q_, k_, v_)
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q_, k_, v_)
+    # SDPA's default dispatch, then each backend as small_graphs' table times it
+    backends = {"sdpa_default": F.scaled_dot_product_attention}
+    backends.update((name, fn) for name, (fn, _) in _implementations("cuda").items() if name.startswith("sdpa"))
+    for name, sdpa in backends.items():
         try:
             row[f"{name}_fwd_bwd"] = wall_us(fwd_bwd(sdpa), calls)
             row[f"{name}_fwd_nograd"] = wall_us(fwd_nograd(sdpa), calls)
