@@ -177,8 +177,12 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         attn_mask is not None and attn_mask.requires_grad))
     # Eager calls on real tensors skip the dispatcher (a few hundred µs of Python per forward+
     # backward, as long as the kernels at small N); anything traced (compile, export: fake or
-    # functional tensors) goes through the custom op.
-    if plan.eager:
+    # functional tensors) goes through the custom op. Short sequences go straight to the small
+    # path's own Function (`flash_small.SmallAttention`), unless a float mask wants its gradient.
+    if plan.small and not (wants_grad and attn_mask is not None and attn_mask.requires_grad) and \
+            _small_path_on():
+        out = _small_eager(q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, wants_grad)
+    elif plan.eager:
         out = (ops.EagerFlashAttention.apply(*args) if wants_grad else ops.forward_kernels(*args))[0]
     else:
         out = ops.flash_attention_forward(*args)[0]
@@ -201,6 +205,7 @@ class _Plan(NamedTuple):
     pad_v: int               # zero columns added to v (D > Dv)
     precision: str | None    # the kernels' products; None: decided per call (fp32 on a GPU follows torch's TF32 flag)
     eager: bool              # real tensors outside a trace: skip the dispatcher
+    small: bool              # eager, and the small path's own Function can take it (`_small_eager`)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
 
 
@@ -234,17 +239,54 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     head_dim, value_dim = q.shape[-1], v.shape[-1]
     width = max(head_dim, value_dim)
     tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
+    kernels = _uses_kernels(q, k, v, attn_mask, float(dropout_p), band)
+    small = eager and kernels and window is None and _small_path().takes_eager_path(
+        q.shape[-2], k.shape[-2], width, q.dtype, q.device)
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
-                 expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3],
-                 kernels=_uses_kernels(q, k, v, attn_mask, float(dropout_p), band),
+                 expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3], kernels=kernels,
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
-                 window=window)
+                 small=small, window=window)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+_flash_small = _autotune = _mask_args = None
+
+
+def _small_path():
+    """flashlab.flash_small, imported on first use (it imports Triton; this module must not)."""
+    global _flash_small, _autotune, _mask_args
+    if _flash_small is None:
+        from . import autotune, flash_launch, flash_small
+        _flash_small, _autotune, _mask_args = flash_small, autotune, flash_launch._mask_args
+    return _flash_small
+
+
+def _small_path_on() -> bool:
+    """The switches a plan cannot hold: FLASHLAB_SMALL_PATH, and `autotune.force` (a test
+    pinning the general kernels' configurations), read per call as `flash_launch` reads them."""
+    return _small_path().enabled() and not _autotune.forcing()
+
+
+def _small_eager(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision, wants_grad):
+    """An eager call on the small path: (B, H, N, D) inputs, straight to `flash_small`'s kernels.
+    Rows are made contiguous and the mask laid out as `flash_launch` does it for the general route."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+    spec = (mask_strides, has_mask, mask_is_bool, dropout_p, int(seed) if seed is not None else 0, is_causal,
+            scale, precision)
+    if wants_grad:
+        return _flash_small.SmallAttention.apply(q, k, v, mask, spec)
+    return _flash_small.small_forward(q, k, v, mask, *spec)[0]
 
 
 class MultiHeadAttention(nn.Module):

@@ -353,3 +353,51 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
 
 def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int) -> SmallConfig:
     return _forced.get(kernel) or default_config(kernel, n_q, n_k, device, head_dim)
+
+
+# -- eager calls -----------------------------------------------------------------------------
+
+def takes_eager_path(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether an eager call of this shape can use `SmallAttention` (decided once per signature
+    by `flashlab.attention`; the switches `enabled` and `autotune.force` are read per call): the
+    small path applies, and the kernels read the inputs as they are (half-precision CPU inputs are
+    computed in fp32 by `flashlab.ops`, which the general route does)."""
+    if device.type == "cpu" and dtype in (torch.float16, torch.bfloat16):
+        return False
+    limit = max_keys(head_dim, dtype)
+    return n_q <= limit and n_k <= limit
+
+
+class SmallAttention(torch.autograd.Function):
+    """The small path's forward and backward behind one plain autograd.Function, for eager calls.
+
+    `flashlab.attention` takes it for eager calls where the small path applies, with no window
+    and no mask that wants a gradient. It calls `small_forward` and `small_backward` directly:
+    the general route (`ops.EagerFlashAttention` → `ops.forward_kernels` → `flash_launch`)
+    re-decides at every call what is fixed per signature (which kernels, contiguity, the mask's
+    layout), passes eleven inputs and returns the log-sum-exp as a second, non-differentiable
+    output. At routing-model sizes that Python is longer than the kernels: on an H200 an eager
+    forward+backward at N = 20 took 376 µs through the general route and 283 µs through the
+    thinnest Function around the same two launches, for 37 µs of GPU work
+    (results/h200/small_host_time_thin.json). The kernels, their arguments and so their results
+    are the same either way (tests/test_flash_small.py checks them bit for bit).
+
+    ``spec`` is ``(mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
+    input_precision)`` as `small_forward` takes them; ``mask`` is `flash_launch._mask_args`'s."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, spec):
+        mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale, precision = spec
+        out, lse = small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal,
+                                 scale, precision)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        if grad_out.stride(-1) != 1:            # the kernel reads dO rows as contiguous
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = small_backward(q, k, v, out, lse, grad_out, mask, *ctx.spec)
+        return dq, dk, dv, None, None

@@ -12,7 +12,10 @@ B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 1
   graph             forward+backward replayed from a CUDA graph: the GPU's time alone
   fwd_nograd        flashlab.attention under no_grad
   fwd_grad          flashlab.attention with autograd recording, no backward
-  fwd_bwd           flashlab.attention(...).backward(grad): what a training step pays
+  fwd_bwd           flashlab.attention(...).backward(grad): what a training step pays (since
+                    2026-12-05 through the small path's own Function, `flash_small.SmallAttention`)
+  general_route_fwd_bwd  the same kernels through the general eager route attention took before,
+                    `ops.EagerFlashAttention` (eleven inputs, `flash_launch`'s dispatch), called directly
   bwd_direct_call   flashlab.ops.backward_kernels called on the main thread (no autograd engine)
   launch_fwd        the small forward kernel launched alone with prebuilt arguments
   empty_function    an autograd.Function whose forward and backward only allocate, fwd+bwd
@@ -164,6 +167,9 @@ def pieces(n: int, d: int, calls: int) -> dict:
                                                                    -1, -1)[0]), calls)
     with direct(True):
         row["thin_small_fwd_bwd_direct"] = wall_us(fwd_bwd(ThinSmallAttention.apply), calls)
+        row["general_route_fwd_bwd_direct"] = wall_us(fwd_bwd(
+            lambda q_, k_, v_: ops.EagerFlashAttention.apply(q_, k_, v_, None, 0.0, None, False, scale, "ieee", -1,
+                                                             -1)[0]), calls)
     row["torch_empty_like_x3"] = wall_us(lambda: (torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)),
                                          calls)
     # SDPA's default dispatch, then each backend as small_graphs' table times it

@@ -80,6 +80,145 @@ def test_masks_and_dropout(paths):
     assert paths == {"forward": 3, "backward": 3}
 
 
+@pytest.fixture
+def routes(monkeypatch):
+    """Counts eager calls by the route they take: the small path's own Function
+    (`flash_small.SmallAttention`), the general route's (`ops.EagerFlashAttention`), and the
+    general route's forward body (`ops.forward_kernels`: its no-grad call, and inside
+    `EagerFlashAttention`)."""
+    from flashlab import ops
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "1")
+    calls = {"small": 0, "general": 0, "general_nograd": 0}
+    for name, owner, attribute in (("small", flash_small.SmallAttention, "apply"),
+                                   ("general", ops.EagerFlashAttention, "apply"),
+                                   ("general_nograd", ops, "forward_kernels")):
+        original = getattr(owner, attribute)
+
+        def counted(*args, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(*args)
+        monkeypatch.setattr(owner, attribute, counted)
+    return calls
+
+
+def _general_route(q, k, v, attn_mask, dropout_p, is_causal, seed):
+    """The same call through the general eager route (`ops.EagerFlashAttention`, as before the
+    small path had its own Function); (B, H, N, D) inputs."""
+    from flashlab import ops
+    from flashlab.runtime import input_precision
+    return ops.EagerFlashAttention.apply(q, k, v, attn_mask, dropout_p, seed, is_causal, q.shape[-1] ** -0.5,
+                                         input_precision(q.dtype, q.device), -1, -1)[0]
+
+
+def _inputs(case, dtype):
+    """q, k, v (B, H, N, D) for a case; "fused" takes them as views of one (B, N, 3, H, D)
+    projection, as MultiHeadAttention and the TSP encoder do (strided rows, no copies)."""
+    B, H, H_kv, Nq, Nk, D = case["shape"]
+    if case.get("fused"):
+        qkv = torch.randn(B, Nq, 3, H, D, device=DEVICE, dtype=dtype)
+        qkv = qkv.requires_grad_()
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+    q = torch.randn(B, H, Nq, D, device=DEVICE, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(B, H_kv, Nk, D, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+EAGER_CASES = {
+    "plain": dict(shape=(2, 2, 2, 20, 20, 16)),
+    "causal_gqa_cross": dict(shape=(2, 4, 2, 9, 33, 32), causal=True),
+    "one_query_one_key": dict(shape=(1, 2, 2, 1, 1, 16)),
+    "bool_mask": dict(shape=(2, 2, 2, 17, 17, 64), mask="bool"),
+    "float_mask_without_grad": dict(shape=(1, 2, 2, 20, 30, 16), mask="float"),
+    "dropout": dict(shape=(2, 2, 2, 50, 50, 16), causal=True, dropout_p=0.3),
+    "fused_qkv_views": dict(shape=(3, 2, 2, 20, 20, 16), fused=True, causal=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if CUDA else []))
+@pytest.mark.parametrize("case", list(EAGER_CASES))
+def test_eager_calls_take_the_small_function_bit_identical_to_the_general_route(case, dtype, routes):
+    """An eager call that fits the small path goes through `flash_small.SmallAttention`, and its
+    output and gradients are the general route's, bit for bit: the same kernels with the same
+    arguments, dropout with the same seed."""
+    spec = EAGER_CASES[case]
+    q, k, v = _inputs(spec, dtype)
+    B, H, _, Nq, Nk, _ = spec["shape"]
+    mask = {"bool": lambda: torch.rand(B, 1, 1, Nk, device=DEVICE) > 0.3,
+            "float": lambda: torch.randn(1, H, Nq, Nk, device=DEVICE, dtype=dtype),
+            None: lambda: None}[spec.get("mask")]()
+    p, causal = spec.get("dropout_p", 0.0), spec.get("causal", False)
+    grad = torch.randn(B, H, Nq, q.shape[-1], device=DEVICE, dtype=dtype)
+    rng = torch.random.get_rng_state()
+    out = attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal, enable_gqa=k.shape[1] != H)
+    got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    assert routes == {"small": 1, "general": 0, "general_nograd": 0}
+    torch.random.set_rng_state(rng)
+    from flashlab import ops
+    seed = ops.draw_seed() if p else None                # the seed the call above drew
+    out = _general_route(q, k, v, mask, p, causal, seed)
+    want = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), f"{case} {name}: the small Function differs from the general route"
+    before = dict(routes)
+    with torch.no_grad():                                  # no autograd: the small forward alone, same output
+        torch.random.set_rng_state(rng)
+        assert torch.equal(attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                     enable_gqa=k.shape[1] != H), want[0])
+    assert routes == before, "a no-grad call takes neither Function nor the general route's forward"
+
+
+def test_small_function_other_layouts(routes):
+    """Inputs the kernels cannot read as they are, and gradients that arrive strided: 3-D inputs
+    (no batch), Dv ≠ D (zero-padded), a q whose head dimension is strided (copied), and the
+    expanded gradient of ``out.sum()``; each against float64."""
+    q3, k3, v3 = (torch.randn(2, 20, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    out = attention(q3, k3, v3, is_causal=True)
+    out.sum().backward()                                    # dO: ones with stride 0 everywhere
+    assert_close(out, reference_attention(q3, k3, v3, None, True), tol=TOL[torch.float32])
+    for name, got, want in zip("qkv", (q3.grad, k3.grad, v3.grad),
+                               reference_gradients(q3, k3, v3, torch.ones_like(out), None, True)):
+        assert_close(got, want, tol=TOL[torch.float32], what=f"3-D d{name}")
+    strided = torch.randn(2, 2, 16, 20, device=DEVICE).transpose(-1, -2)          # head dimension strided
+    for what, value_dim, q in (("strided q", 16, strided), ("Dv = 24 ≠ D = 16", 24, strided.contiguous())):
+        q = q.detach().requires_grad_()
+        k = torch.randn(2, 2, 20, 16, device=DEVICE, requires_grad=True)
+        v = torch.randn(2, 2, 20, value_dim, device=DEVICE, requires_grad=True)
+        out = attention(q, k, v)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        assert out.shape == (2, 2, 20, value_dim)
+        assert_close(out, reference_attention(q, k, v, None, False), tol=TOL[torch.float32], what=what)
+        for name, got, want in zip("qkv", (q.grad, k.grad, v.grad), reference_gradients(q, k, v, grad, None, False)):
+            assert_close(got, want, tol=TOL[torch.float32], what=f"{what}: d{name}")
+    assert routes == {"small": 3, "general": 0, "general_nograd": 0}
+
+
+def test_calls_the_small_function_leaves_to_the_general_route(monkeypatch, routes):
+    """A float mask that wants its gradient (the small kernels give none), a window, fp16 on a
+    CPU (computed in fp32 by the general route), the path switched off, and a forced general
+    configuration: each still correct, through `ops.EagerFlashAttention`."""
+    from flashlab import autotune
+    mask = torch.randn(1, 2, 20, 20, device=DEVICE, requires_grad=True)
+    q, k, v = (torch.randn(2, 2, 20, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    out = attention(q, k, v, attn_mask=mask)
+    out.sum().backward()
+    assert mask.grad is not None and mask.grad.abs().sum() > 0
+    assert (routes["small"], routes["general"]) == (0, 1)
+    attention(q, k, v, window=(4, 0)).sum().backward()
+    assert routes["general"] == 2
+    if not CUDA:
+        _check(1, 2, 2, 20, 20, 16, False, dtype=torch.float16)
+        assert routes["general"] == 3
+    before = routes["general"]
+    config = autotune.Config(16, 16, 4, 1)
+    with autotune.force(forward=config, dkdv=config, dq=config):
+        _check(1, 2, 2, 20, 20, 16, True)
+    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "0")
+    _check(1, 2, 2, 20, 20, 16, True)
+    assert (routes["small"], routes["general"]) == (0, before + 2)
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_query_blocks_and_heads_per_program(is_causal, paths):
     """Configurations the GPU defaults or the GPU script use: several query blocks per head

@@ -28,3 +28,19 @@ def test_no_measurement_edits_sys_path_or_imports_from_results():
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "results":
                 raise AssertionError(f"{path.name} imports from results/")
     assert not list((ROOT / "results").glob("*.py")) and not list((ROOT / "results").glob("*.sh"))
+
+
+def test_python_layers_runs_on_the_cpu(tmp_path):
+    """measurements.python_layers (flashlab's per-call Python, kernels removed) runs on a CPU and
+    leaves the launches as they were."""
+    import json
+
+    from flashlab import flash_small
+    before = flash_small.kernel_for, flash_small.direct_launch
+    from measurements import python_layers
+    python_layers.main([str(tmp_path), "--calls", "20", "--label", "ci"])
+    record = json.loads((tmp_path / "python_layers_ci.json").read_text())
+    times = record["us_per_call"]
+    assert set(times) >= {"attention_fwd_bwd", "thin_fwd_bwd", "empty_fwd_bwd", "layers_above_thin"}
+    assert all(value > 0 for name, value in times.items() if name != "layers_above_thin")
+    assert (flash_small.kernel_for, flash_small.direct_launch) == before
