@@ -52,6 +52,12 @@
 #       path, step compiled, the first 8 minutes of training (~9.5 min); carry runs/tsp100/ back from OUT
 #   bash measurements/next_gpu_session.sh tsp100-second OUT       resumed to 16 minutes, exported,
 #       evaluated on 10,000 instances (~9.5 min)
+# 2026-12-05 had no GPU. Eager small-path calls now take their own autograd.Function
+# (flash_small.SmallAttention; flashlab's per-call Python 52-54 -> 38-39 µs on the course's CPU,
+# results/cpu/python_layers_*.json). First, then the three above:
+#   bash measurements/next_gpu_session.sh eager-host OUT   its tests on the GPU (bit-identical to the
+#       general route, bf16 too), the per-call Python with the kernels removed, the eager pieces with the
+#       general route beside the new one, the table and the encoder step (~6 min)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -182,6 +188,14 @@ elif [ "$phase" = defaults-verify ]; then
   small_path_suite 80
   timeout 250 python -m measurements.small_graphs "$out" --sections correctness table tsp_encoder --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
+elif [ "$phase" = eager-host ]; then
+  small_path_suite 100
+  timeout 60 python -m measurements.python_layers "$out" --label h200 > "$out/python_layers.log" 2>&1
+  tail -n 8 "$out/python_layers.log"
+  timeout 150 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
+    > "$out/small_host_time_thin.log" 2>&1; tail -n 4 "$out/small_host_time_thin.log"
+  timeout 230 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 200 \
+    > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = suite-and-choices ]; then
   gpu_suite 330
   timeout 200 python -m measurements.small_graphs "$out" --sections choices --choice-d 32 64 --budget-s 170 \
