@@ -209,7 +209,11 @@ elif [ "$phase" = tsp100-first ]; then
     --compile reduce-overhead > "$out/tsp100_train_first.log" 2>&1; tail -n 2 "$out/tsp100_train_first.log"
   cp runs/tsp100/checkpoint_last.pt runs/tsp100/metrics.csv "$out/runs/tsp100/"
 elif [ "$phase" = tsp100-second ]; then
-  # needs runs/tsp100/checkpoint_last.pt and metrics.csv from tsp100-first's OUT in the tree
+  # needs runs/tsp100/checkpoint_last.pt and metrics.csv from tsp100-first's OUT in the tree: runs/ is
+  # git-ignored, so copy them to runs/tsp100/ here and name it in the call's carry (["runs/tsp100"]);
+  # the state is 11.4 MB of model, baseline and Adam's moments plus ~200 bytes a step of history
+  # (checkpoints/tsp50_training_state.pt: 23,549 steps, 4.8 MB of history, 15.8 MiB in all), so TSP100's
+  # 16 minutes fit the 16 MiB a returned file may have up to about 25,000 steps
   timeout 500 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
     --steps 10000000 --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
     --compile reduce-overhead --resume runs/tsp100/checkpoint_last.pt > "$out/tsp100_train_second.log" 2>&1
