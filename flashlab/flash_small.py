@@ -46,6 +46,7 @@ import triton.language as tl
 from . import direct_launch
 from .autotune import overriding
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
+from .ops import first_order_only
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
@@ -400,4 +401,4 @@ class SmallAttention(torch.autograd.Function):
         if grad_out.stride(-1) != 1:            # the kernel reads dO rows as contiguous
             grad_out = grad_out.contiguous()
         dq, dk, dv = small_backward(q, k, v, out, lse, grad_out, mask, *ctx.spec)
-        return dq, dk, dv, None, None
+        return *first_order_only((dq, dk, dv), (q, k, v)), None, None

@@ -137,6 +137,36 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     return (p * (dp - delta)).sum_to_size(attn_mask.shape)
 
 
+class NoSecondDerivative(torch.autograd.Function):
+    """Returns the kernels' gradients unchanged, as functions of the attention's inputs whose own
+    derivative raises: what `first_order_only` wraps them in during a backward with
+    ``create_graph=True``. ``forward(ctx, n, *tensors)``: the first n tensors are the gradients,
+    the rest the inputs they depend on (q, k, v, the mask)."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(g.detach() for g in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            "flashlab.attention has no second derivative: its backward is a kernel whose gradients "
+            "carry no autograd graph. For a gradient penalty or another double backward, compute that "
+            "attention with flashlab.naive_attention (plain PyTorch) or SDPA's math backend.")
+
+
+def first_order_only(grads: tuple, inputs: tuple) -> tuple:
+    """The kernels' gradients as they are, except in a backward with ``create_graph=True`` (grad
+    mode on): then through `NoSecondDerivative`, tied to the ``inputs`` they were computed from, so
+    differentiating them again raises instead of silently treating them as constants (which
+    would drop attention's part of a gradient penalty, with no error). None entries pass as None."""
+    if not torch.is_grad_enabled():
+        return grads
+    present = [g for g in grads if g is not None]
+    tied = iter(NoSecondDerivative.apply(len(present), *present, *(t for t in inputs if t is not None)))
+    return tuple(None if g is None else next(tied) for g in grads)
+
+
 class FlashAttentionFunction:
     """The forward op's autograd formula, registered with ``register_autograd``: the forward
     saves q, k, v, O and the log-sum-exp (and, with dropout, the seed: the mask is
@@ -162,6 +192,8 @@ class FlashAttentionFunction:
         backward = backward_kernels if type(grad_out) is torch.Tensor and type(q) is torch.Tensor \
             else torch.ops.flashlab.flash_attention_backward
         dq, dk, dv, dmask = backward(*args)
+        if backward is backward_kernels:      # eager: a second derivative raises (`first_order_only`)
+            dq, dk, dv, dmask = first_order_only((dq, dk, dv, dmask), (q, k, v, attn_mask))
         # one gradient per input: q, k, v, the mask, then None for each option
         return dq, dk, dv, (dmask if mask_grad else None), *(None,) * (len(ctx.needs_input_grad) - 4)
 

@@ -372,6 +372,24 @@ def test_no_grad_path_matches_the_autograd_path():
     assert torch.equal(with_graph.detach(), without) and torch.equal(without, plain)
 
 
+@pytest.mark.parametrize("route", ["small path", "general, N above the small path", "general, mask gradient"])
+def test_a_second_derivative_raises_instead_of_being_dropped(route):
+    """With create_graph=True the first derivative is the usual one (bit for bit) and carries a
+    graph; differentiating it again (a gradient penalty) raises one clear error on every eager
+    route. Before, the kernels' gradients came back as constants: a penalty through attention
+    silently contributed nothing."""
+    n = 130 if route.startswith("general, N") else 20         # 130 > max_keys(16, fp32) = 128
+    q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    mask = torch.randn(1, 2, n, n, device=DEVICE, requires_grad=True) if "mask" in route else None
+    plain = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v))
+    first = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v), create_graph=True)
+    for got, want in zip(first, plain):
+        assert torch.equal(got.detach(), want) and got.grad_fn is not None
+    penalty = sum(g.square().sum() for g in first)
+    with pytest.raises(RuntimeError, match="flashlab.attention has no second derivative"):
+        penalty.backward()
+
+
 # (Nq, Nk, is_causal, window): the band at the sequence edges, N = 1, 17 and 1000 (no block
 # multiples), wider than N, one query's own key only, left = 0 with right > 0, unbounded sides,
 # Nq ≠ Nk both ways (the window aligned to the end of the keys)
