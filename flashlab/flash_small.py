@@ -45,8 +45,8 @@ import triton.language as tl
 
 from . import direct_launch
 from .autotune import overriding
+from .first_order import first_order_only
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
-from .ops import first_order_only
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element

@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .first_order import first_order_only
+
 LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
 
 
@@ -135,36 +137,6 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         dp = dp * dropout_keep_mask(seed, B, H, n_q, n_k, dropout_p, device=q.device) / (1 - dropout_p)
     delta = (grad_out.float() * out.float()).sum(-1, keepdim=True)
     return (p * (dp - delta)).sum_to_size(attn_mask.shape)
-
-
-class NoSecondDerivative(torch.autograd.Function):
-    """Returns the kernels' gradients unchanged, as functions of the attention's inputs whose own
-    derivative raises: what `first_order_only` wraps them in during a backward with
-    ``create_graph=True``. ``forward(ctx, n, *tensors)``: the first n tensors are the gradients,
-    the rest the inputs they depend on (q, k, v, the mask)."""
-
-    @staticmethod
-    def forward(ctx, n, *tensors):
-        return tuple(g.detach() for g in tensors[:n])
-
-    @staticmethod
-    def backward(ctx, *_):
-        raise RuntimeError(
-            "flashlab.attention has no second derivative: its backward is a kernel whose gradients "
-            "carry no autograd graph. For a gradient penalty or another double backward, compute that "
-            "attention with flashlab.naive_attention (plain PyTorch) or SDPA's math backend.")
-
-
-def first_order_only(grads: tuple, inputs: tuple) -> tuple:
-    """The kernels' gradients as they are, except in a backward with ``create_graph=True`` (grad
-    mode on): then through `NoSecondDerivative`, tied to the ``inputs`` they were computed from, so
-    differentiating them again raises instead of silently treating them as constants (which
-    would drop attention's part of a gradient penalty, with no error). None entries pass as None."""
-    if not torch.is_grad_enabled():
-        return grads
-    present = [g for g in grads if g is not None]
-    tied = iter(NoSecondDerivative.apply(len(present), *present, *(t for t in inputs if t is not None)))
-    return tuple(None if g is None else next(tied) for g in grads)
 
 
 class FlashAttentionFunction:
