@@ -1,5 +1,6 @@
-"""The kernels' gradients are first-order only: flashlab's backward kernels return dQ, dK, dV
-(and the mask's dS) as plain tensors, with no autograd graph of their own. In a backward with
+"""The kernels' gradients are first-order only: flashlab's backward kernels (and the tiled
+PyTorch recomputation, `flashlab.tiled`) return dQ, dK, dV (and the mask's dS) as plain
+tensors, with no autograd graph of their own. In a backward with
 ``create_graph=True`` those would come back as constants, and whatever differentiates them
 again (a gradient penalty, a Hessian-vector product) would get no contribution from attention,
 with no error. `first_order_only` ties them to the inputs they came from through a node whose
@@ -23,9 +24,10 @@ class NoSecondDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *_):
         raise RuntimeError(
-            "flashlab.attention has no second derivative: its backward is a kernel whose gradients "
-            "carry no autograd graph. For a gradient penalty or another double backward, compute that "
-            "attention with flashlab.naive_attention (plain PyTorch) or SDPA's math backend.")
+            "flashlab.attention has no second derivative: its backward (a Triton kernel, or the tiled "
+            "recomputation for float64) returns gradients with no autograd graph of their own. For a "
+            "gradient penalty or another double backward, compute that attention with "
+            "flashlab.naive_attention (plain PyTorch) or SDPA's math backend.")
 
 
 def first_order_only(grads: tuple, inputs: tuple) -> tuple:

@@ -30,6 +30,8 @@ PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
+    if not isinstance(is_causal, bool):                 # 'yes' or None would otherwise read as truthy or falsy
+        raise TypeError(f"is_causal: {is_causal!r} is not a bool. Pass True (query i sees keys 0..i) or False.")
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True)
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
@@ -92,13 +94,14 @@ def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=N
     return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
 
 
-def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               exact_fp32=False, window=None):
     """FlashAttention with the arguments and semantics of
-    ``torch.nn.functional.scaled_dot_product_attention``.
+    ``torch.nn.functional.scaled_dot_product_attention`` (its argument names too).
 
     Args:
-        q: ``(…, H, Nq, D)``; k: ``(…, H_kv, Nk, D)``; v: ``(…, H_kv, Nk, Dv)``, any number of
+        query (q below): ``(…, H, Nq, D)``; key (k): ``(…, H_kv, Nk, D)``; value (v):
+            ``(…, H_kv, Nk, Dv)``, any number of
             leading dimensions (also none: ``(N, D)``), k/v's broadcasting to q's. ``H_kv = H``,
             or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
             float32 or float64; any strides; zero-size dimensions give empty (or, Nk = 0, zero)
@@ -146,7 +149,17 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
 
     The kernels are the custom ops of `flashlab.ops`, so ``torch.compile(fullgraph=True)`` and
     ``torch.export`` capture a call as one node.
+
+    As SDPA does: under ``torch.autocast`` the floating inputs (a float mask too; not float64)
+    are cast to autocast's dtype. Inside a ``torch.func`` transform (``vmap``, ``grad``,
+    ``jvp``…) the call runs the einsum version (`flashlab.naive_attention`), whose plain PyTorch
+    operations every transform understands. First derivatives only: differentiating the
+    gradients again (``create_graph=True``, then a gradient penalty) raises
+    (`flashlab/first_order.py`), except inside ``torch.func`` transforms.
     """
+    q, k, v = query, key, value
+    if q.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(q.device.type):
+        q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
     if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
@@ -156,6 +169,8 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+        if plan.transformed:              # torch.func: plain operations only
+            return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
         return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window)
 
     q4, k4, v4, mask4 = q, k, v, attn_mask
@@ -206,6 +221,7 @@ class _Plan(NamedTuple):
     precision: str | None    # the kernels' products; None: decided per call (fp32 on a GPU follows torch's TF32 flag)
     eager: bool              # real tensors outside a trace: skip the dispatcher
     small: bool              # eager, and the small path's own Function can take it (`_small_eager`)
+    transformed: bool        # inside a torch.func transform: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
 
 
@@ -218,7 +234,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     (checks and decisions are functions of the signature), else checked and built. A training
     step calls each layer's attention with one signature, and at routing-model sizes the
     kernels take about as long as these checks on the CPU."""
-    eager = type(q) is torch.Tensor and not torch.compiler.is_compiling()
+    # torch.func's transforms (vmap, grad, jvp) wrap tensors that still look like torch.Tensor
+    transformed = torch._C._are_functorch_transforms_active()
+    eager = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not transformed
     key = None
     if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool
             and (attn_mask is None or type(attn_mask) is torch.Tensor)
@@ -239,19 +257,30 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     head_dim, value_dim = q.shape[-1], v.shape[-1]
     width = max(head_dim, value_dim)
     tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
-    kernels = _uses_kernels(q, k, v, attn_mask, float(dropout_p), band)
+    kernels = not transformed and _uses_kernels(q, k, v, attn_mask, float(dropout_p), band)
     small = eager and kernels and window is None and _small_path().takes_eager_path(
         q.shape[-2], k.shape[-2], width, q.dtype, q.device)
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
                  expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3], kernels=kernels,
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
-                 small=small, window=window)
+                 small=small, transformed=transformed, window=window)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+_AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)   # float64 is left alone, as autocast does
+_AUTOCAST_DEVICES = ("cpu", "cuda")      # torch.is_autocast_enabled raises for others ("meta")
+
+
+def _autocast_inputs(q, k, v, attn_mask):
+    """q, k, v and a float mask in autocast's dtype for q's device, as autocast treats SDPA."""
+    dtype = torch.get_autocast_dtype(q.device.type)
+    cast = lambda t: t.to(dtype) if t is not None and t.dtype in _AUTOCAST_ELIGIBLE and t.dtype != dtype else t  # noqa: E731
+    return cast(q), cast(k), cast(v), cast(attn_mask)
 
 
 _flash_small = _autotune = _mask_args = None

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_attention_inputs, default_scale
+from .first_order import first_order_only
 from .online_softmax import safe_shift
 
 
@@ -195,8 +196,9 @@ class TiledAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = tiled_attention_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.config)
-        return (*grads, None, None, None, None)
+        with torch.no_grad():      # a graph through this loop would be wrong: O and L are constants here
+            grads = tiled_attention_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.config)
+        return (*first_order_only(grads, (q, k, v)), None, None, None, None)
 
 
 def tiled_attention(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64):

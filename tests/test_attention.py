@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import assert_close, autotune, reference_attention, reference_gradients
+from flashlab import assert_close, autotune, flash_attention, reference_attention, reference_gradients
 from flashlab.flash_attention import MultiHeadAttention, attention
 from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
 
@@ -186,8 +186,9 @@ def test_drop_in_for_sdpa_in_a_module():
 def test_clear_errors(kwargs, argument):
     args = {"q": torch.randn(1, 2, 8, 16), "k": torch.randn(1, 2, 8, 16), "v": torch.randn(1, 2, 8, 16)}
     args.update(kwargs)
-    with pytest.raises(ValueError, match=rf"^{argument}:"):
-        attention(**{name: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for name, t in args.items()})
+    args = {name: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for name, t in args.items()}
+    with pytest.raises(ValueError, match=rf"^{argument}:"):     # errors call query, key, value q, k, v
+        attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
 @gpu
@@ -372,15 +373,20 @@ def test_no_grad_path_matches_the_autograd_path():
     assert torch.equal(with_graph.detach(), without) and torch.equal(without, plain)
 
 
-@pytest.mark.parametrize("route", ["small path", "general, N above the small path", "general, mask gradient"])
+@pytest.mark.parametrize("route", ["small path", "general, N above the small path", "general, mask gradient",
+                                   "tiled PyTorch path (float64)"])
 def test_a_second_derivative_raises_instead_of_being_dropped(route):
     """With create_graph=True the first derivative is the usual one (bit for bit) and carries a
     graph; differentiating it again (a gradient penalty) raises one clear error on every eager
-    route. Before, the kernels' gradients came back as constants: a penalty through attention
-    silently contributed nothing."""
+    route. Before, the kernels' gradients came back as constants (a penalty through attention
+    silently contributed nothing) and the tiled float64 path's second derivative was wrong
+    (19.96 where SDPA's math backend gives 37.06, found by a user's Hessian-vector product)."""
     n = 130 if route.startswith("general, N") else 20         # 130 > max_keys(16, fp32) = 128
-    q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    dtype = torch.float64 if "float64" in route else torch.float32
+    q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(3))
     mask = torch.randn(1, 2, n, n, device=DEVICE, requires_grad=True) if "mask" in route else None
+    assert ("float64" in route) == (not flash_attention._call_plan(q, k, v, mask, 0.0, False, None, False, False,
+                                                                   None).kernels)
     plain = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v))
     first = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v), create_graph=True)
     for got, want in zip(first, plain):

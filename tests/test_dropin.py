@@ -443,3 +443,57 @@ def test_cuda_calls_compile_after_cpu_calls_in_one_process():
         print(float((flashlab.attention(x, x, x, is_causal=True) - ref).abs().max()))
     """)
     assert float(out.split()[-1]) < 1e-2
+
+
+def test_sdpas_argument_names_and_is_causal_a_bool():
+    """Code that calls SDPA by keyword (query=, key=, value=) swaps in flashlab.attention
+    unchanged; is_causal must be a bool, as SDPA's must ('yes' used to act as True)."""
+    import inspect
+    sdpa_names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    assert list(inspect.signature(attention).parameters)[:8] == sdpa_names
+    q, k, v = (torch.randn(2, 2, 9, 16, device=DEVICE) for _ in range(3))
+    assert torch.equal(attention(query=q, key=k, value=v, is_causal=True), attention(q, k, v, is_causal=True))
+    for bad in ("yes", None, 1):
+        with pytest.raises(TypeError, match="is_causal: .* is not a bool"):
+            attention(q, k, v, is_causal=bad)
+
+
+@pytest.mark.parametrize("n", [9, 130])              # the small path's length, and the general kernels'
+def test_autocast_casts_the_inputs_as_it_casts_sdpas(n):
+    """Under torch.autocast, SDPA's floating inputs (a float mask too; not float64) are cast to
+    autocast's dtype, so a float32 mask beside bf16 activations, or float32 inputs, work; flashlab
+    takes the same inputs and returns what SDPA returns, in the same dtype."""
+    device = DEVICE
+    lower = torch.bfloat16
+    q, k, v = (torch.randn(1, 2, n, 16, device=device) for _ in range(3))
+    mask = torch.randn(1, 1, n, n, device=device)
+    with torch.autocast(device, dtype=lower):
+        for args in ((q, k, v), (q.to(lower), k, v), (q.to(lower), k.to(lower), v.to(lower))):
+            got = attention(*args, attn_mask=mask)
+            want = F.scaled_dot_product_attention(*args, attn_mask=mask)
+            assert got.dtype == want.dtype == lower
+            assert_close(got.float(), want.float(), tol=2e-2)
+        as_64 = [t.double() for t in (q, k, v)]
+        assert attention(*as_64).dtype == torch.float64           # float64 is not autocast's to change
+    with pytest.raises(ValueError, match="attn_mask: dtype torch.float32"):
+        attention(q.to(lower), k.to(lower), v.to(lower), attn_mask=mask)   # outside autocast: refused, as before
+
+
+def test_torch_func_transforms_run_the_einsum_version():
+    """vmap, grad, jacrev and jvp (torch.func) see plain PyTorch operations: inside a transform
+    the call takes `naive_attention`'s einsums. It used to fail in each ("Cannot access storage
+    of BatchedTensorImpl", "must override the setup_context staticmethod")."""
+    q, k, v = (torch.randn(3, 2, 9, 16, dtype=torch.float64) for _ in range(3))
+    batched = torch.func.vmap(lambda a, b, c: attention(a, b, c, is_causal=True))(q, k, v)
+    assert_close(batched, F.scaled_dot_product_attention(q, k, v, is_causal=True), tol=1e-12)
+    grad_q = torch.func.grad(lambda a: attention(a, k, v).square().sum())(q)
+    q_ = q.clone().requires_grad_()
+    F.scaled_dot_product_attention(q_, k, v).square().sum().backward()
+    assert_close(grad_q, q_.grad, tol=1e-12)
+    jacobian = torch.func.jacrev(lambda a: attention(a, k[0, 0], v[0, 0]))(q[0, 0])
+    assert jacobian.shape == (9, 16, 9, 16)
+    direction = torch.randn_like(q)
+    _, tangent = torch.func.jvp(lambda a: attention(a, k, v), (q,), (direction,))
+    eps = 1e-6                                          # central difference, float64
+    numeric = (attention(q + eps * direction, k, v) - attention(q - eps * direction, k, v)) / (2 * eps)
+    assert_close(tangent, numeric, tol=1e-7)
