@@ -8,6 +8,7 @@ numbers for an input it cannot handle.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -100,9 +101,12 @@ def check_attention_inputs(
         if not sdpa_semantics and (t.shape[-2] == 0 or t.shape[-1] == 0):
             _fail(name, f"has an empty dimension, shape {tuple(t.shape)}",
                   "Sequence length and head dimension must be at least 1.")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        _fail("scale", f"expected a positive number or None, got {scale!r}",
-              "Leave it as None for 1/sqrt(D).")
+    if scale is not None:
+        # SDPA takes any finite scale (0: every key weighted alike; negative: the scores flipped)
+        number = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+        if not number or (not sdpa_semantics and scale <= 0):
+            kind = "finite" if sdpa_semantics else "positive"
+            _fail("scale", f"expected a {kind} number or None, got {scale!r}", "Leave it as None for 1/sqrt(D).")
     if attn_mask is not None:
         if is_causal and not (sdpa_semantics and q.device.type == "cpu"):
             where = f" on {q.device.type}" if sdpa_semantics else ""

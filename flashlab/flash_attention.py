@@ -101,21 +101,28 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
     Args:
         query (q below): ``(…, H, Nq, D)``; key (k): ``(…, H_kv, Nk, D)``; value (v):
-            ``(…, H_kv, Nk, Dv)``, any number of
-            leading dimensions (also none: ``(N, D)``), k/v's broadcasting to q's. ``H_kv = H``,
+            ``(…, H_kv, Nk, Dv)``, any number of leading dimensions (also none: ``(N, D)``),
+            k/v's broadcasting to q's (also from a lower rank: ``(H, N, D)`` beside
+            ``(B, H, N, D)``). ``H_kv = H``,
             or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
             float32 or float64; any strides; zero-size dimensions give empty (or, Nk = 0, zero)
             outputs and zero gradients, as in SDPA.
         attn_mask: broadcastable to ``(…, H, Nq, Nk)``; boolean (True = takes part) or float
             (added to the scores; it gets SDPA's gradient, dS summed over its broadcast
-            dimensions). Read tile by tile through its strides, never expanded.
+            dimensions). Read tile by tile through its strides, never expanded. For "never
+            attend" use False or −inf. A row whose every key is masked with a huge finite value
+            (−1e9, ``torch.finfo(float32).min``) is outside what the kernels keep exact:
+            finfo.min overflows to −inf in their base-2 scores (zeros, where SDPA averages V), and
+            at such magnitudes the saved log-sum-exp loses log(Nk), so that row's gradient
+            differs from the exact one (as SDPA's CPU flash backend's does). Partly masked rows
+            are exact.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
             1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The kernels' mask comes from an
             in-kernel Philox RNG seeded from torch's default generator and is regenerated in the
             backward, never stored; `flashlab.flash_launch.dropout_keep_mask` reproduces it.
         is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). With ``attn_mask``
             too only on CPU tensors (both apply), where torch 2.13's SDPA also takes both.
-        scale: default ``1/sqrt(D)`` (D of q and k).
+        scale: default ``1/sqrt(D)`` (D of q and k); any finite number, as in SDPA.
         enable_gqa: grouped-query / multi-query attention.
         exact_fp32: force exact fp32 products even where torch allows TF32 (see below).
         window: ``(left, right)``, a sliding window (not in SDPA): query i sees keys
@@ -158,6 +165,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     (`flashlab/first_order.py`), except inside ``torch.func`` transforms.
     """
     q, k, v = query, key, value
+    if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
+        q, k, v = _same_rank(q, k, v)
     if q.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(q.device.type):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
@@ -270,6 +279,17 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+def _same_rank(q, k, v):
+    """Inputs of different ranks, as SDPA broadcasts them: leading size-1 dimensions added
+    (views), e.g. k, v ``(H, N, D)`` beside q ``(B, H, N, D)``. Anything not a tensor passes
+    through for the checks to name."""
+    tensors = (q, k, v)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return tensors
+    rank = max(t.dim() for t in tensors)
+    return tuple(t[(None,) * (rank - t.dim())] if t.dim() < rank else t for t in tensors)
 
 
 _AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)   # float64 is left alone, as autocast does

@@ -175,7 +175,8 @@ def test_drop_in_for_sdpa_in_a_module():
     ({"attn_mask": torch.ones(3, 9, dtype=torch.bool)}, "attn_mask"),
     ({"v": torch.randn(1, 2, 9, 16)}, "v"),                         # one value row per key
     ({"k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)}, "k"),   # batch 3 vs q's 1
-    ({"scale": 0.0}, "scale"),
+    ({"scale": float("nan")}, "scale"),                            # any finite scale is SDPA's (0 too)
+    ({"scale": "0.5"}, "scale"),
     ({"window": (-2, 0)}, "window"),
     ({"window": (4,)}, "window"),
     ({"window": (1.5, 0)}, "window"),

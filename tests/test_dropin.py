@@ -497,3 +497,21 @@ def test_torch_func_transforms_run_the_einsum_version():
     eps = 1e-6                                          # central difference, float64
     numeric = (attention(q + eps * direction, k, v) - attention(q - eps * direction, k, v)) / (2 * eps)
     assert_close(tangent, numeric, tol=1e-7)
+
+
+def test_ranks_that_broadcast_and_any_finite_scale_as_sdpa():
+    """k, v of a lower rank than q broadcast as SDPA broadcasts them ((H, N, D) beside
+    (B, H, N, D)); a scale of 0 (every key alike) or below 0 is SDPA's too. Both were refused."""
+    q = torch.randn(3, 2, 9, 16, device=DEVICE, requires_grad=True)
+    k, v = (torch.randn(2, 11, 16, device=DEVICE, requires_grad=True) for _ in range(2))
+    out = attention(q, k, v, is_causal=False)
+    want = F.scaled_dot_product_attention(q, k, v)
+    assert out.shape == want.shape == (3, 2, 9, 16)
+    assert_close(out, want, tol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(want.square().sum(), (q, k, v))
+    for name, got, exp in zip("qkv", grads, expected):
+        assert_close(got, exp, tol=1e-5, what=f"d{name}")          # dk, dv summed over q's batch
+    for scale in (0.0, -0.5):
+        assert_close(attention(q, q, q, scale=scale), F.scaled_dot_product_attention(q, q, q, scale=scale), tol=1e-5)
+    assert_close(attention(q, q, q, scale=0.0), q.mean(-2, keepdim=True).expand_as(q), tol=1e-5)   # the mean of v
