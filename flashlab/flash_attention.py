@@ -6,6 +6,7 @@ again."""
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -37,6 +38,12 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
         raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")
     check_window(window)
+
+
+def _cpu_tile_limit() -> int:
+    """The most 32 × 32 tiles a CPU call may give the interpreted kernels: INTERPRETER_MAX_TILES,
+    or 0 (every CPU call on the PyTorch path) with FLASHLAB_CPU_KERNELS=0."""
+    return INTERPRETER_MAX_TILES if os.environ.get("FLASHLAB_CPU_KERNELS", "1") != "0" else 0
 
 
 def _band_tiles(n_q: int, n_k: int, block: int, band) -> int:
@@ -80,7 +87,7 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     if q.device.type == "cpu":
         batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
         tiles = batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
-        return tiles <= INTERPRETER_MAX_TILES
+        return tiles <= _cpu_tile_limit()
     return True
 
 
@@ -150,7 +157,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     - CPU tensors: the same kernels in Triton's interpreter, fp16/bf16 computed in fp32 there
       (the interpreter's half-precision arithmetic is not the GPU's). A call of more than
       ``INTERPRETER_MAX_TILES`` 32 × 32 tiles (about 15 s of interpreter per forward) takes
-      the PyTorch path instead, without a warning.
+      the PyTorch path instead, without a warning. ``FLASHLAB_CPU_KERNELS=0`` sends every CPU
+      call there (read per call): a model's CPU tests then run at PyTorch's speed instead of
+      the interpreter's, hundreds of times slower, without exercising the kernels.
     - float64, D > 256, empty inputs, no Triton installed, other devices: the PyTorch path
       (`tiled_attention`; `naive_attention` when a mask, dropout or a window is involved).
 
@@ -253,7 +262,7 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
             and (window is None or (type(window) is tuple and all(type(w) is int for w in window)))):
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
-               dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, INTERPRETER_MAX_TILES)
+               dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, q.is_cpu and _cpu_tile_limit())
         plan = _PLANS.get(key)
         if plan is not None:
             return plan

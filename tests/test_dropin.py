@@ -295,18 +295,43 @@ def test_fp32_is_exact_unless_torch_allows_tf32():
         torch.set_float32_matmul_precision(before)
 
 
+def _no_kernels(monkeypatch):
+    """Any launch of flashlab's kernels (either eager route, or the no-grad one) fails the test."""
+    from flashlab import flash_small
+
+    def no_kernels(*args, **kwargs):
+        raise AssertionError("the interpreted kernels ran")
+
+    for owner, name in ((ops, "forward_kernels"), (flash_small, "small_forward"), (flash_small, "small_backward")):
+        monkeypatch.setattr(owner, name, no_kernels)
+
+
 def test_long_cpu_calls_take_the_pytorch_path(monkeypatch):
     """Above INTERPRETER_MAX_TILES the kernels are not called (here: forced by a low limit)."""
     import flashlab.flash_attention as api
-
-    def no_kernels(*args):
-        raise AssertionError("the interpreted kernels ran")
-
     monkeypatch.setattr(api, "INTERPRETER_MAX_TILES", 3)
-    monkeypatch.setattr(ops, "forward_kernels", no_kernels)
+    _no_kernels(monkeypatch)
     q, k, v = (torch.randn(1, 2, 70, 16, requires_grad=True) for _ in range(3))
     _sdpa_check(q, k, v, is_causal=True)
     _sdpa_check(q, k, v, attn_mask=torch.rand(70, 70) > 0.2)
+
+
+def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
+    """FLASHLAB_CPU_KERNELS=0: every CPU call takes the PyTorch path (read per call, so a
+    signature seen with the kernels switches too); unset again, the kernels run."""
+    q, k, v = (torch.randn(1, 2, 20, 16, requires_grad=True) for _ in range(3))
+    attention(q, k, v)                                   # the signature seen with the kernels on
+    monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    with monkeypatch.context() as patched:
+        _no_kernels(patched)
+        _sdpa_check(q, k, v, is_causal=True)
+        _sdpa_check(q, k, v, attn_mask=torch.rand(20, 20) > 0.2)
+    monkeypatch.delenv("FLASHLAB_CPU_KERNELS")
+    from flashlab import flash_small
+    original, calls = flash_small.small_forward, []
+    monkeypatch.setattr(flash_small, "small_forward", lambda *args: calls.append(1) or original(*args))
+    _sdpa_check(q, k, v, is_causal=True)
+    assert calls == [1], "with the switch unset the kernels run again"
 
 
 def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():
