@@ -127,6 +127,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The kernels' mask comes from an
             in-kernel Philox RNG seeded from torch's default generator and is regenerated in the
             backward, never stored; `flashlab.flash_launch.dropout_keep_mask` reproduces it.
+            The PyTorch path (below) drops with ``torch.nn.functional.dropout`` instead: one
+            seed gives different masks on the two routes (each reproducible), so on a CPU the
+            mask of a call can change with its batch size, which picks the route.
         is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). With ``attn_mask``
             too only on CPU tensors (both apply), where torch 2.13's SDPA also takes both.
         scale: default ``1/sqrt(D)`` (D of q and k); any finite number, as in SDPA.
@@ -168,8 +171,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
     As SDPA does: under ``torch.autocast`` the floating inputs (a float mask too; not float64)
     are cast to autocast's dtype. Inside a ``torch.func`` transform (``vmap``, ``grad``,
-    ``jvp``…) the call runs the einsum version (`flashlab.naive_attention`), whose plain PyTorch
-    operations every transform understands. First derivatives only: differentiating the
+    ``jvp``…) and under ``torch.jit.trace`` the call runs the einsum version
+    (`flashlab.naive_attention`), whose plain PyTorch operations every transform understands
+    and a trace can record. First derivatives only: differentiating the
     gradients again (``create_graph=True``, then a gradient penalty) raises
     (`flashlab/first_order.py`), except inside ``torch.func`` transforms.
     """
@@ -252,8 +256,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     (checks and decisions are functions of the signature), else checked and built. A training
     step calls each layer's attention with one signature, and at routing-model sizes the
     kernels take about as long as these checks on the CPU."""
-    # torch.func's transforms (vmap, grad, jvp) wrap tensors that still look like torch.Tensor
-    transformed = torch._C._are_functorch_transforms_active()
+    # torch.func's transforms (vmap, grad, jvp) wrap tensors that still look like torch.Tensor;
+    # torch.jit.trace records operations, and a Triton launch is none it can record
+    transformed = torch._C._are_functorch_transforms_active() or torch._C._is_tracing()
     eager = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not transformed
     key = None
     if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool

@@ -540,3 +540,20 @@ def test_ranks_that_broadcast_and_any_finite_scale_as_sdpa():
     for scale in (0.0, -0.5):
         assert_close(attention(q, q, q, scale=scale), F.scaled_dot_product_attention(q, q, q, scale=scale), tol=1e-5)
     assert_close(attention(q, q, q, scale=0.0), q.mean(-2, keepdim=True).expand_as(q), tol=1e-5)   # the mean of v
+
+
+def test_jit_trace_records_the_einsum_version():
+    """torch.jit.trace (deprecated, still used for old deployment paths) records plain PyTorch
+    operations: it used to fail inside Triton's interpreter ("invalid operands of type
+    pointer<int64> and triton.language.int32"). The traced module gives the call's result."""
+    import warnings
+
+    class Attend(torch.nn.Module):
+        def forward(self, q):
+            return attention(q, q, q, is_causal=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # jit's deprecation and tracer warnings
+        traced = torch.jit.trace(Attend(), (torch.randn(1, 2, 7, 16),))
+    q = torch.randn(1, 2, 7, 16)
+    assert_close(traced(q), attention(q, q, q, is_causal=True), tol=1e-5)
