@@ -180,7 +180,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = query, key, value
     if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
         q, k, v = _same_rank(q, k, v)
-    if q.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(q.device.type):
+    if isinstance(q, torch.Tensor) and q.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(q.device.type):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
@@ -243,7 +243,7 @@ class _Plan(NamedTuple):
     precision: str | None    # the kernels' products; None: decided per call (fp32 on a GPU follows torch's TF32 flag)
     eager: bool              # real tensors outside a trace: skip the dispatcher
     small: bool              # eager, and the small path's own Function can take it (`_small_eager`)
-    transformed: bool        # inside a torch.func transform: the einsum version (never cached)
+    transformed: bool        # inside a torch.func transform or a jit trace: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
 
 
@@ -257,9 +257,11 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     step calls each layer's attention with one signature, and at routing-model sizes the
     kernels take about as long as these checks on the CPU."""
     # torch.func's transforms (vmap, grad, jvp) wrap tensors that still look like torch.Tensor;
-    # torch.jit.trace records operations, and a Triton launch is none it can record
-    transformed = torch._C._are_functorch_transforms_active() or torch._C._is_tracing()
-    eager = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not transformed
+    # torch.jit.trace records operations, and a Triton launch is none it can record. (Not asked
+    # while torch.compile traces: Dynamo cannot trace _is_tracing, and compiles the custom op.)
+    compiling = torch.compiler.is_compiling()
+    transformed = not compiling and (torch._C._are_functorch_transforms_active() or torch._C._is_tracing())
+    eager = type(q) is torch.Tensor and not compiling and not transformed
     key = None
     if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool
             and (attn_mask is None or type(attn_mask) is torch.Tensor)
