@@ -56,8 +56,9 @@
 # (flash_small.SmallAttention; flashlab's per-call Python 52-54 -> 38-39 µs on the course's CPU,
 # results/cpu/python_layers_*.json). First, then the three above:
 #   bash measurements/next_gpu_session.sh eager-host OUT   its tests on the GPU (bit-identical to the
-#       general route, bf16 too), the per-call Python with the kernels removed, the eager pieces with the
-#       general route beside the new one, the table and the encoder step (~6 min)
+#       general route, bf16 too) and the day's drop-in fixes' tests, the per-call Python with the kernels
+#       removed, the eager pieces with the general route beside the new one, the table and the encoder
+#       step (~7 min)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -190,6 +191,10 @@ elif [ "$phase" = defaults-verify ]; then
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = eager-host ]; then
   small_path_suite 100
+  # 2026-12-05's drop-in fixes on CUDA tensors (autocast('cuda'), second derivatives, torch.func, ranks)
+  timeout 120 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_dropin.py tests/test_attention.py \
+    -k "second_derivative or autocast or torch_func or ranks_that or argument_names or jit_trace" -rf --tb=short \
+    > "$out/dropin_fixes_gpu_tests.log" 2>&1; tail -n 3 "$out/dropin_fixes_gpu_tests.log"
   timeout 60 python -m measurements.python_layers "$out" --label h200 > "$out/python_layers.log" 2>&1
   tail -n 8 "$out/python_layers.log"
   timeout 150 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
