@@ -190,16 +190,16 @@ elif [ "$phase" = defaults-verify ]; then
   timeout 250 python -m measurements.small_graphs "$out" --sections correctness table tsp_encoder --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = eager-host ]; then
-  small_path_suite 100
+  small_path_suite 90
   # 2026-12-05's drop-in fixes on CUDA tensors (autocast('cuda'), second derivatives, torch.func, ranks)
-  timeout 120 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_dropin.py tests/test_attention.py \
+  timeout 100 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_dropin.py tests/test_attention.py \
     -k "second_derivative or autocast or torch_func or ranks_that or argument_names or jit_trace" -rf --tb=short \
     > "$out/dropin_fixes_gpu_tests.log" 2>&1; tail -n 3 "$out/dropin_fixes_gpu_tests.log"
   timeout 60 python -m measurements.python_layers "$out" --label h200 > "$out/python_layers.log" 2>&1
   tail -n 8 "$out/python_layers.log"
-  timeout 150 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
+  timeout 120 python -m measurements.small_host_time "$out/thin" --quick --shapes 20x16,50x16,100x16 --calls 300 \
     > "$out/small_host_time_thin.log" 2>&1; tail -n 4 "$out/small_host_time_thin.log"
-  timeout 230 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 200 \
+  timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = suite-and-choices ]; then
   gpu_suite 330
