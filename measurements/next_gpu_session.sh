@@ -52,7 +52,7 @@
 #       path, step compiled, the first 8 minutes of training (~9.5 min); carry runs/tsp100/ back from OUT
 #   bash measurements/next_gpu_session.sh tsp100-second OUT       resumed to 16 minutes, exported,
 #       evaluated on 10,000 instances (~9.5 min)
-# 2026-12-05 had no GPU. Eager small-path calls now take their own autograd.Function
+# The third session of 2026-12-04 had no GPU. Eager small-path calls now take their own autograd.Function
 # (flash_small.SmallAttention; flashlab's per-call Python 52-54 -> 38-39 µs on the course's CPU,
 # results/cpu/python_layers_*.json). First, then the three above:
 #   bash measurements/next_gpu_session.sh eager-host OUT   its tests on the GPU (bit-identical to the
@@ -191,7 +191,7 @@ elif [ "$phase" = defaults-verify ]; then
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = eager-host ]; then
   small_path_suite 90
-  # 2026-12-05's drop-in fixes on CUDA tensors (autocast('cuda'), second derivatives, torch.func, ranks)
+  # the drop-in fixes of 2026-12-04's third session on CUDA tensors (autocast('cuda'), second derivatives, torch.func, ranks)
   timeout 100 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_dropin.py tests/test_attention.py \
     -k "second_derivative or autocast or torch_func or ranks_that or argument_names or jit_trace" -rf --tb=short \
     > "$out/dropin_fixes_gpu_tests.log" 2>&1; tail -n 3 "$out/dropin_fixes_gpu_tests.log"

@@ -13,7 +13,7 @@ B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 1
   fwd_nograd        flashlab.attention under no_grad
   fwd_grad          flashlab.attention with autograd recording, no backward
   fwd_bwd           flashlab.attention(...).backward(grad): what a training step pays (since
-                    2026-12-05 through the small path's own Function, `flash_small.SmallAttention`)
+                    2026-12-04's third session through the small path's own Function, `flash_small.SmallAttention`)
   general_route_fwd_bwd  the same kernels through the general eager route attention took before,
                     `ops.EagerFlashAttention` (eleven inputs, `flash_launch`'s dispatch), called directly
   bwd_direct_call   flashlab.ops.backward_kernels called on the main thread (no autograd engine)
