@@ -4,8 +4,8 @@ a call, on any machine, the CPU included.
 
     PYTHONPATH=. python -m measurements.python_layers OUT_DIR [--calls 2000] [--label NAME]
 
-Times, in µs per call (median of 5 repeats of ``--calls`` back-to-back calls, after 50 warm-up
-calls), at (B, H, N, D) = (2, 2, 20, 16), fp32 on a CPU (few enough tiles for the kernels' route)
+Times, in µs per call (median of 5 repeats of ``--calls`` back-to-back calls, each after 20
+warm-up calls), at (B, H, N, D) = (2, 2, 20, 16), fp32 on a CPU (few enough tiles for the kernels' route)
 or (512, 8, 20, 16), bf16 on a GPU:
 
   attention_fwd_bwd      flashlab.attention(q, k, v).backward(grad): a training step's share
@@ -30,13 +30,13 @@ import json
 import platform
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import torch
 
 from flashlab import attention, flash_small
 
+from .small_eager_profile import per_call_us
 from .small_host_time import EmptyFunction, ThinSmallAttention
 
 
@@ -60,20 +60,9 @@ def kernels_removed():
         flash_small.kernel_for, flash_small.direct_launch = saved
 
 
-def per_call_us(fn, calls: int, device: str, repeats: int = 5) -> float:
-    for _ in range(50):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+def median_us(fn, calls: int, device: str, repeats: int = 5) -> float:
+    """The median over ``repeats`` of `small_eager_profile.per_call_us` (each one warmed up)."""
+    return statistics.median(per_call_us(fn, calls, device) for _ in range(repeats))
 
 
 def measure(calls: int) -> dict:
@@ -95,12 +84,12 @@ def measure(calls: int) -> dict:
 
     with kernels_removed():
         rows = {
-            "attention_fwd_bwd": per_call_us(fwd_bwd(lambda: attention(q, k, v)), calls, device),
-            "attention_fwd_grad": per_call_us(lambda: attention(q, k, v), calls, device),
-            "attention_fwd_nograd": per_call_us(nograd, calls, device),
-            "thin_fwd_bwd": per_call_us(fwd_bwd(lambda: ThinSmallAttention.apply(q, k, v)), calls, device),
-            "empty_fwd_bwd": per_call_us(fwd_bwd(lambda: EmptyFunction.apply(q, k, v)), calls, device),
-            "cpp_op_fwd_bwd": per_call_us(fwd_bwd(lambda: x * 2), calls, device),
+            "attention_fwd_bwd": median_us(fwd_bwd(lambda: attention(q, k, v)), calls, device),
+            "attention_fwd_grad": median_us(lambda: attention(q, k, v), calls, device),
+            "attention_fwd_nograd": median_us(nograd, calls, device),
+            "thin_fwd_bwd": median_us(fwd_bwd(lambda: ThinSmallAttention.apply(q, k, v)), calls, device),
+            "empty_fwd_bwd": median_us(fwd_bwd(lambda: EmptyFunction.apply(q, k, v)), calls, device),
+            "cpp_op_fwd_bwd": median_us(fwd_bwd(lambda: x * 2), calls, device),
         }
     rows["layers_above_thin"] = rows["attention_fwd_bwd"] - rows["thin_fwd_bwd"]
     return {"shape": [B, H, N, D], "dtype": str(dtype), "device": device, "us_per_call": rows}
