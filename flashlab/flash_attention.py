@@ -180,7 +180,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = query, key, value
     if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
         q, k, v = _same_rank(q, k, v)
-    if isinstance(q, torch.Tensor) and q.device.type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(q.device.type):
+    if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
@@ -309,7 +309,12 @@ def _same_rank(q, k, v):
 
 
 _AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)   # float64 is left alone, as autocast does
-_AUTOCAST_DEVICES = ("cpu", "cuda")      # torch.is_autocast_enabled raises for others ("meta")
+
+
+def _autocasting(q) -> bool:
+    """Whether torch.autocast is on for q's device (CPU or CUDA: torch.is_autocast_enabled raises
+    for others, "meta"). is_cuda/is_cpu, not q.device.type: this runs on every call."""
+    return (q.is_cuda and torch.is_autocast_enabled("cuda")) or (q.is_cpu and torch.is_autocast_enabled("cpu"))
 
 
 def _autocast_inputs(q, k, v, attn_mask):
