@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -262,14 +263,14 @@ def _tsp_train_options(p) -> None:
 _NOT_ADOPTED = {"resume", "device", "progress"}
 
 
-def _adopt_from_checkpoint(args, task, run):
+def _adopt_from_checkpoint(args, task, run, kind):
     """On resume the run continues as it was: every setting not given on the command line is the
     checkpoint's (model, task, seed, precision, and also batch size, learning rate, schedule, …),
     except this machine's (`_NOT_ADOPTED`). Given settings override the free ones (one line says
     what changed) and must equal the fixed ones (checked by the Trainer)."""
     from . import checkpoint
 
-    saved = checkpoint.load(run.resume)
+    saved = checkpoint.load(run.resume, kind=kind)      # another command's checkpoint: said first
     stored = saved.config if isinstance(saved.config, dict) else {}
     configs, changed = [], []
     for config, key in ((task, "task"), (run, "run")):
@@ -285,22 +286,61 @@ def _adopt_from_checkpoint(args, task, run):
     if isinstance(step, int) and configs[1].steps <= step:
         raise UsageError(f"--steps: the checkpoint is at step {step} already, and --steps {configs[1].steps} asks "
                          f"for no more; give the total to reach, e.g. --steps {step + 100}.")
-    return (*configs, changed)
+    return (*configs, changed, step)
+
+
+def _output_notes(args, run, resumed_step) -> list[str]:
+    """Where the run will write, said before it starts; refused (one line) where writing there
+    would overwrite a run or send a copied checkpoint's continuation back to the original run."""
+    from pathlib import Path
+
+    from . import checkpoint
+    if run.out_dir is None:
+        if "checkpoint_every" in args.given and run.checkpoint_every:
+            raise UsageError("--checkpoint-every: checkpoints need a directory; add --out-dir DIR.")
+        return ["no --out-dir: nothing of this run is saved (no checkpoints, metrics.csv or model); add --out-dir "
+                "DIR to keep them."]
+    out = Path(run.out_dir)
+    last = out / "checkpoint_last.pt"
+    if not run.resume:
+        held = next((f.name for f in (last, out / "metrics.csv") if f.exists()), None)
+        if held:
+            raise UsageError(f"--out-dir: {out} holds a run already ({held}); continue it with --resume {last}, or "
+                             f"give another --out-dir (or delete that one first).")
+        return []
+    resume = Path(run.resume)
+    if "out_dir" not in args.given and resume.resolve().parent != out.resolve():
+        raise UsageError(f"--out-dir: {resume} was saved by the run in {out}, and resuming writes to the run's "
+                         f"directory; give --out-dir {resume.parent} to continue beside this file, or --out-dir {out} "
+                         f"to continue in that directory.")
+    notes = [f"resume: from step {resumed_step}, writing to {out}"]
+    if last.exists() and last.resolve() != resume.resolve():
+        try:
+            reached = checkpoint.load(last).state.get("step")
+        except (CheckpointError, AttributeError):
+            reached = None
+        if isinstance(reached, int) and isinstance(resumed_step, int) and reached > resumed_step:
+            notes.append(f"resume: {out} had reached step {reached}; from here its metrics.csv is cut back to step "
+                         f"{resumed_step} and checkpoint_last.pt replaced (checkpoint_<step>.pt files stay)")
+    return notes
 
 
 def _build_trainer(trainer_class, args, task, run):
     _existing_file("--resume", run.resume)
-    changed = []
+    changed, resumed_step = [], None
     if run.resume:
         try:
-            task, run, changed = _adopt_from_checkpoint(args, task, run)
+            task, run, changed, resumed_step = _adopt_from_checkpoint(args, task, run, trainer_class.checkpoint_kind)
         except CheckpointError as exc:
             raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
     task.check()
     run.check()
-    trainer = trainer_class(task, run)
+    trainer = trainer_class(task, run)        # checks the checkpoint against the run (fixed settings) first
+    notes = _output_notes(args, run, resumed_step)
     if changed:                            # said once the run is accepted (a refused one prints only its error)
         print("resume: changed from the checkpoint: " + "; ".join(changed), flush=True)
+    for note in notes:
+        print(note, flush=True)
     return trainer
 
 
@@ -361,7 +401,8 @@ def _train_tsp(args) -> None:
 # ---------------------------------------------------------------- eval-tsp
 def _eval_tsp_options(p) -> None:
     p.add_argument("--checkpoint", required=True, help="a tsp-model checkpoint (am_tspN.pt, as train-tsp exports)")
-    p.add_argument("--nodes", type=_bounded(int, low=3), default=20, help="cities per test instance (default 20; ≥ 3)")
+    p.add_argument("--nodes", type=_bounded(int, low=3), default=None,
+                   help="cities per test instance (≥ 3; default: the checkpoint's, as it was trained)")
     p.add_argument("--instances", type=POSITIVE, default=10000, help="test instances (default 10000)")
     # Training draws step s's instances from seed·1,000,003 + s: this default is far from those.
     p.add_argument("--seed", type=NON_NEGATIVE, default=1_234_567_891, help="test-set seed (default 1234567891)")
@@ -383,7 +424,15 @@ def _eval_tsp(args) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = args.attention if args.attention != "auto" else default_attention(device)
     model, metadata = load_model(args.checkpoint, device, attention_fn=ATTENTION[backend])
+    trained_on = metadata.get("n_nodes") if isinstance(metadata, dict) else None
+    if args.nodes is None:
+        if not isinstance(trained_on, int):
+            raise UsageError(f"--nodes: {args.checkpoint} does not say how many cities it was trained on; "
+                             f"give --nodes N.")
+        args.nodes = trained_on
     print(f"attention: {backend} on {device}")
+    if isinstance(trained_on, int) and trained_on != args.nodes:
+        print(f"  (trained on TSP{trained_on}, evaluated on TSP{args.nodes})")
     result = evaluate(model, args.nodes, args.instances, args.seed, device)
     mean = result["lengths"].mean().item()
     line = f"TSP{args.nodes}, {args.instances} instances (seed {args.seed}): greedy mean tour length {mean:.4f}"
@@ -465,6 +514,14 @@ def main(argv=None) -> int:
     except (UsageError, ConfigError, CheckpointError) as exc:
         print(f"{prog}: error: {' '.join(_one_line(command, exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:       # Ctrl-C or SIGTERM: a training run stops between steps, and says so
+        from .train import TrainingInterrupted
+
+        if isinstance(exc, TrainingInterrupted):
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 128 + getattr(signal.Signals, exc.signal_name).value
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         from .train import TrainingDiverged
 

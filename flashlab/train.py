@@ -32,7 +32,9 @@ import dataclasses
 import io
 import math
 import os
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +168,43 @@ def _distributed() -> tuple[int, int, int]:
     if world > 1:
         return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0"))
     return 0, 1, 0
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Raised by `Trainer.fit` once a SIGINT (Ctrl-C) or SIGTERM has stopped it between two steps,
+    after it saved the state of the last finished step (with an out_dir): the run resumes from
+    there exactly (``--resume OUT_DIR/checkpoint_last.pt``)."""
+
+    def __init__(self, signal_name: str, step: int, saved_to: Path | None):
+        self.signal_name, self.step, self.saved_to = signal_name, step, saved_to
+        where = (f"saved {saved_to}; continue with --resume {saved_to}" if saved_to
+                 else "nothing saved (no out_dir)")
+        super().__init__(f"stopped by {signal_name} after step {step}: {where}")
+
+
+@contextlib.contextmanager
+def _stop_between_steps(enabled: bool):
+    """While `fit` runs: the first SIGINT or SIGTERM asks the loop to stop after the step it is
+    in (a step cut in half leaves the model and optimizer half-updated, nothing to save); a second
+    SIGINT interrupts at once. Yields the list the handler appends the signal to. Only in one
+    process's main thread: Python handles signals there alone, and ranks of a distributed run
+    would stop at different steps and wait for each other forever."""
+    requested: list[int] = []
+    if not enabled:
+        yield requested
+        return
+
+    def handler(signum, frame):
+        if requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        requested.append(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 class Trainer:
@@ -379,7 +418,19 @@ class Trainer:
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
         rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")
-        while self.step < run.steps:
+        with _stop_between_steps(self.world == 1 and threading.current_thread() is threading.main_thread()) as stop:
+            self._fit_steps(run, out, bar, rate_label, stop)
+        bar.close()
+        if out:
+            self.save(out / "checkpoint_last.pt")
+        if stop:
+            saved = out / "checkpoint_last.pt" if out else None
+            raise TrainingInterrupted(signal.Signals(stop[0]).name, self.step, saved)
+        return self.history
+
+    def _fit_steps(self, run, out, bar, rate_label, stop) -> None:
+        """`fit`'s loop: steps until run.steps, the time limit, or a signal in ``stop``."""
+        while self.step < run.steps and not stop:
             if run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min:
                 break
             started = self.clock()
@@ -399,10 +450,6 @@ class Trainer:
             bar.update(1)
             if out and run.checkpoint_every and self.step % run.checkpoint_every == 0:
                 self.save([out / f"checkpoint_{self.step}.pt", out / "checkpoint_last.pt"])
-        bar.close()
-        if out:
-            self.save(out / "checkpoint_last.pt")
-        return self.history
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:

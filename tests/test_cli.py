@@ -191,3 +191,61 @@ def test_resume_continues_with_the_checkpoints_run_settings(tmp_path, capsys):
     code, captured = _run(["train", "--resume", last, "--steps", "4"], capsys)
     assert code == 2 and captured.err.count("\n") == 1
     assert "--steps: the checkpoint is at step 4 already" in captured.err
+
+
+TINY_LM = ["train", "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
+           "--n-layers", "1", "--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4"]
+
+
+def test_where_a_run_writes_is_said_and_a_run_is_never_overwritten_silently(tmp_path, capsys):
+    """Found by a practitioner's trial, three ways to lose or mix training output without a word:
+    a new run into a directory that holds a run (now refused, nothing touched); a copied
+    checkpoint resumed without --out-dir, which wrote into the original run's directory (now
+    refused, naming both choices); an earlier checkpoint resumed into its run, which cut the run
+    back silently (now said). Without --out-dir nothing is saved, and that is said too."""
+    import shutil
+
+    from flashlab import checkpoint
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    assert main([*TINY_LM, "--steps", "4", "--checkpoint-every", "2", "--out-dir", str(run)]) == 0
+    capsys.readouterr()
+    before = (run / "metrics.csv").read_text()
+    code, captured = _run([*TINY_LM, "--steps", "2", "--out-dir", str(run)], capsys)
+    assert code == 2 and captured.err.count("\n") == 1
+    assert f"--out-dir: {run} holds a run already (checkpoint_last.pt); continue it with --resume" in captured.err
+    assert (run / "metrics.csv").read_text() == before
+
+    shutil.copytree(run, copy)
+    code, captured = _run(["train", "--resume", str(copy / "checkpoint_2.pt"), "--steps", "5", "--no-progress"],
+                          capsys)
+    assert code == 2 and captured.err.count("\n") == 1
+    assert f"was saved by the run in {run}" in captured.err and f"give --out-dir {copy}" in captured.err
+    assert main(["train", "--resume", str(copy / "checkpoint_2.pt"), "--steps", "5", "--no-progress",
+                 "--out-dir", str(copy)]) == 0
+    said = capsys.readouterr().out
+    assert f"resume: from step 2, writing to {copy}" in said
+    assert f"resume: {copy} had reached step 4; from here its metrics.csv is cut back to step 2" in said
+    assert (run / "metrics.csv").read_text() == before                     # the original run untouched
+    assert checkpoint.load(run / "checkpoint_last.pt").state["step"] == 4
+    assert checkpoint.load(copy / "checkpoint_last.pt").state["step"] == 5
+
+    assert main([*TINY_LM, "--steps", "1"]) == 0
+    assert "no --out-dir: nothing of this run is saved" in capsys.readouterr().out
+    code, captured = _run([*TINY_LM, "--steps", "1", "--checkpoint-every", "1"], capsys)
+    assert code == 2 and "--checkpoint-every: checkpoints need a directory; add --out-dir DIR." in captured.err
+
+    # another command's checkpoint: said first, not a complaint about --steps
+    code, captured = _run(["train-tsp", "--resume", str(run / "checkpoint_last.pt")], capsys)
+    assert code == 2 and "lm-training-state" in captured.err and "tsp-training-state" in captured.err
+    assert "--steps" not in captured.err
+
+
+def test_eval_tsp_takes_the_checkpoints_city_count(capsys):
+    """eval-tsp used to evaluate every checkpoint on TSP20 unless --nodes was given (the shipped
+    TSP50 model was reported on 20 cities); now the default is the count it was trained on."""
+    tsp50 = str(CHECKPOINTS / "am_tsp50.pt")
+    assert main(["eval-tsp", "--checkpoint", tsp50, "--instances", "4", "--attention", "sdpa"]) == 0
+    assert "TSP50, 4 instances" in capsys.readouterr().out
+    assert main(["eval-tsp", "--checkpoint", tsp50, "--instances", "4", "--attention", "sdpa", "--nodes", "20"]) == 0
+    said = capsys.readouterr().out
+    assert "TSP20, 4 instances" in said and "(trained on TSP50, evaluated on TSP20)" in said

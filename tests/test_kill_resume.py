@@ -172,3 +172,36 @@ def test_sigkill_at_every_moment_of_a_save_then_resume(tmp_path):
     assert _losses(out / "metrics.csv") == _losses(straight / "metrics.csv")    # the same run, bit for bit
     assert not list(out.glob(".*.tmp"))                         # temporaries of killed saves are cleaned up
     print("kills (moment, checkpoint_last step after the kill):", kills)
+
+
+def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM (a scheduler's stop) used to lose every step since the last
+    periodic checkpoint, SIGINT with a 34-line traceback. Now the run stops after the step it is
+    in, saves checkpoint_last.pt, says so in one line and exits with 128 + the signal; resuming
+    continues from exactly that step, with metrics.csv holding each step once."""
+    import time
+    tiny = ["--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
+            "--n-layers", "1", "--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        out = tmp_path / sig.name
+        process = subprocess.Popen([sys.executable, "-m", "flashlab", "train", *tiny, "--steps", "1000000",
+                                    "--out-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        metrics = out / "metrics.csv"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") > 3) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        process.send_signal(sig)
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 128 + sig.value, stderr
+        assert stderr.count("\n") == 1 and f"stopped by {sig.name} after step" in stderr, stderr
+        step = checkpoint.load(out / "checkpoint_last.pt").state["step"]
+        assert f"after step {step}: saved {out / 'checkpoint_last.pt'}" in stderr
+        rows = list(csv.DictReader(metrics.open()))
+        assert len(rows) == step                                  # every finished step logged once, none lost
+        resume = ["--resume", str(out / "checkpoint_last.pt"), "--steps", str(step + 2), "--no-progress"]
+        resumed = subprocess.run([sys.executable, "-m", "flashlab", "train", *resume], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        assert len(list(csv.DictReader(metrics.open()))) == step + 2
