@@ -365,6 +365,7 @@ def _train(args) -> None:
         raise UsageError(f"{_flag(stray[0])}: is not a setting of --task {task}; leave it out, or give the --task it "
                          f"belongs to (see --help).")
     trainer = _build_trainer(trainer_class, args, _config_from(args, config_class()), _config_from(args, RunConfig()))
+    _say_if_out_of_time(trainer)
     history = trainer.fit()
     if trainer.rank == 0:
         last = history[-1] if history else {}
@@ -384,18 +385,37 @@ def _train(args) -> None:
 
 
 def _train_tsp(args) -> None:
+    from .train import TrainingInterrupted
     from .tsp_train import KOOL_RUN, TSPConfig, TSPTrainer
 
     trainer = _build_trainer(TSPTrainer, args, _config_from(args, TSPConfig()), _config_from(args, KOOL_RUN))
-    trainer.fit()
+    _say_if_out_of_time(trainer)
+    try:
+        trainer.fit()
+    except TrainingInterrupted:            # stopped between steps and saved: the policy so far is exported too
+        _export_tsp(trainer)
+        raise
     if trainer.rank == 0:
         minutes = trainer.train_seconds / 60                       # all runs of a resumed job together
         compiled = "" if trainer.run.compile == "off" else f" (compiled: {trainer.run.compile})"
         print(f"steps {trainer.step}{compiled}, {minutes:.1f} min, baseline updates {trainer.baseline_updates}, "
               f"greedy tour length on the evaluation set {trainer.evaluate():.4f}")
-        if trainer.run.out_dir:
-            trainer.export(f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt",
-                           train_minutes=round(minutes, 2), precision=trainer.run.precision)
+        _export_tsp(trainer)
+
+
+def _export_tsp(trainer) -> None:
+    """am_tspN.pt in the run's directory (rank 0, with an out_dir), as eval-tsp loads it."""
+    if trainer.rank == 0 and trainer.run.out_dir:
+        trainer.export(f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt",
+                       train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision)
+
+
+def _say_if_out_of_time(trainer) -> None:
+    """A resumed run whose time limit is spent trains nothing: say so rather than end silently."""
+    limit = trainer.run.time_limit_min
+    if limit and trainer.train_seconds >= 60 * limit and trainer.rank == 0:
+        print(f"resume: the time limit is reached already ({trainer.train_seconds / 60:.1f} min trained, "
+              f"--time-limit-min {limit:g}): no step runs; give a larger --time-limit-min to train on.", flush=True)
 
 
 # ---------------------------------------------------------------- eval-tsp
@@ -480,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    # listed for --help and "invalid choice"; main() hands `tune` its arguments before this parser runs
+    commands.add_parser("tune", help="tune the attention kernels for a list of shapes ahead of training "
+                                     "(flashlab.pretune; python -m flashlab tune --help)", add_help=False)
     for command in COMMANDS:
         sub = commands.add_parser(command.name, aliases=list(command.aliases), help=command.help,
                                   description=command.help, allow_abbrev=False)

@@ -223,6 +223,8 @@ def convert_legacy(source, target, kind: str, split_config=None) -> None:
     in this format. Reads with ``weights_only=True`` too: a file that needs more is not
     converted. ``split_config``: a function from the old config dict to the new one."""
     old = _torch_load(str(source), Path(source), "cpu")
+    if isinstance(old, dict) and old.get("format") == FORMAT:
+        raise CheckpointError(f"{source} is in this format already (kind {old.get('kind')!r}); load it as it is.")
     config = old.pop("config", {})
     metadata = old.pop("metadata", {})
     save(target, kind, split_config(config) if split_config else config, old, metadata)

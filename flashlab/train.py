@@ -36,6 +36,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -386,7 +387,11 @@ class Trainer:
         self.scaler.update()                                         # 16-mixed: shrink on inf, grow when stable
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # a skipped first step (16-mixed's first loss scale overflows by design) leaves the optimizer
+            # unstepped; the schedule moves on regardless, as meant, and PyTorch's warning about it is noise
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start

@@ -228,3 +228,18 @@ def test_no_bit_flip_loads_as_different_data(tmp_path):
         assert torch.equal(loaded.state["w"], state["w"]) and loaded.state["step"] == 7
         assert loaded.config == {"d_model": 16} and loaded.kind == "lm-model"
     assert refused >= 40                      # almost all of a file is checked bytes
+
+
+def test_convert_legacy_converts_the_old_format_and_refuses_the_new_one(tmp_path):
+    """A first-format file (a plain dict) converts; a file in this format already used to be wrapped a
+    second time, which then failed to load as its kind (KeyError 'model'): now refused in one line."""
+    old = tmp_path / "old.pt"
+    torch.save({"config": {"embed_dim": 8}, "metadata": {"steps": 3}, "model": {"w": torch.ones(2)}}, old)
+    new = tmp_path / "new.pt"
+    checkpoint.convert_legacy(old, new, "tsp-model")
+    loaded = checkpoint.load(new, kind="tsp-model")
+    assert loaded.config == {"embed_dim": 8} and loaded.metadata == {"steps": 3}
+    assert torch.equal(loaded.state["model"]["w"], torch.ones(2))
+    with pytest.raises(checkpoint.CheckpointError, match="is in this format already"):
+        checkpoint.convert_legacy(new, tmp_path / "twice.pt", "tsp-model")
+    assert not (tmp_path / "twice.pt").exists()

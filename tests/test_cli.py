@@ -249,3 +249,43 @@ def test_eval_tsp_takes_the_checkpoints_city_count(capsys):
     assert main(["eval-tsp", "--checkpoint", tsp50, "--instances", "4", "--attention", "sdpa", "--nodes", "20"]) == 0
     said = capsys.readouterr().out
     assert "TSP20, 4 instances" in said and "(trained on TSP50, evaluated on TSP20)" in said
+
+
+TINY_TSP = ["train-tsp", "--n-nodes", "5", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--ff-dim", "32",
+            "--epoch-steps", "3", "--eval-instances", "8", "--rollout-batch", "16", "--batch-size", "4",
+            "--attention", "sdpa", "--device", "cpu", "--no-progress"]
+
+
+def test_a_stopped_tsp_run_exports_its_policy_and_a_spent_time_limit_is_said(tmp_path, capsys, monkeypatch):
+    """SIGTERM mid-run (here sent by the run to itself after its second step): the run stops between
+    steps, saves, exports am_tsp5.pt (eval-tsp loads it) and exits 128 + 15 with one line. A resumed
+    run whose time limit is spent says so instead of ending silently."""
+    import os
+    import signal
+
+    from flashlab.tsp_train import TSPTrainer
+    original = TSPTrainer.on_step_end
+
+    def stop_after_two(self, metrics):
+        original(self, metrics)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(TSPTrainer, "on_step_end", stop_after_two)
+    out = tmp_path / "tsp"
+    code, captured = _run([*TINY_TSP, "--steps", "50", "--out-dir", str(out)], capsys)
+    assert code == 128 + signal.SIGTERM.value and captured.err.count("\n") == 1
+    assert "stopped by SIGTERM after step 2: saved" in captured.err
+    assert main(["eval-tsp", "--checkpoint", str(out / "am_tsp5.pt"), "--instances", "4", "--attention", "sdpa"]) == 0
+    assert "TSP5, 4 instances" in capsys.readouterr().out
+    monkeypatch.setattr(TSPTrainer, "on_step_end", original)
+
+    timed = tmp_path / "timed"                      # a limit one step outruns, then a resume past it
+    assert main([*TINY_TSP, "--steps", "50", "--out-dir", str(timed), "--time-limit-min", "0.000001"]) == 0
+    capsys.readouterr()
+    assert main(["train-tsp", "--resume", str(timed / "checkpoint_last.pt"), "--steps", "60", "--no-progress"]) == 0
+    assert "resume: the time limit is reached already" in capsys.readouterr().out
+
+
+def test_tune_is_listed_with_the_commands():
+    choices = build_parser()._subparsers._group_actions[0].choices
+    assert "tune" in choices and "train-tsp" in choices

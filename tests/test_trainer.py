@@ -334,3 +334,21 @@ def test_train_in_phases_resumes_each_phase_from_the_last(tmp_path):
     assert seen[1][3] > seen[0][3] > 0                                     # so does the training clock
     assert (tmp_path / "long" / "checkpoint_last.pt").exists()
     assert len(read_metrics(tmp_path / "long" / "metrics.csv")) == 2          # the long phase took steps 3 and 4
+
+
+def test_a_skipped_step_lets_no_lr_scheduler_warning_through():
+    """16-mixed's first steps may overflow and be skipped (by design: the loss scale comes down);
+    the schedule moves on regardless, and PyTorch's "lr_scheduler.step() before optimizer.step()"
+    warning reached users of train-tsp there. Here every step overflows (a huge initial scale)."""
+    import warnings
+
+    from flashlab.train import RecallConfig, RunConfig, Trainer
+    trainer = Trainer(RecallConfig(seq_len=16, num_pairs=2, vocab_size=16, d_model=16, n_heads=2, n_layers=1,
+                                   attention="sdpa"),
+                      RunConfig(precision="16-mixed", steps=2, batch_size=4, device="cpu", progress=False))
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 120)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit()
+    assert trainer.skipped_steps == 2
+    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]
