@@ -190,8 +190,10 @@ def _attention_bench_options(p) -> None:
     p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads H (default 16)")
     p.add_argument("--flex-seq-lens", type=POSITIVE, nargs="*", default=None,
                    help="run FlexAttention (compiled per shape) only at these N (default: all)")
-    p.add_argument("--warmup-ms", type=NON_NEGATIVE, default=25, help="warm-up time per measurement (default 25)")
-    p.add_argument("--rep-ms", type=POSITIVE, default=100, help="measuring time per measurement (default 100)")
+    p.add_argument("--warmup-ms", type=NON_NEGATIVE, default=25,
+                   help="warm-up time per measurement (default 25; on a CPU at least one call)")
+    p.add_argument("--rep-ms", type=POSITIVE, default=100,
+                   help="measuring time per measurement (default 100; on a CPU at least 5 calls, each timed)")
     p.add_argument("--out", help="write the results as JSON to this file (rewritten after every row)")
 
 

@@ -33,3 +33,23 @@ def test_peak_flops_by_gpu_name_and_compute_dtype():
 def test_cpu_timer_reports_the_median_in_milliseconds():
     assert time_ms(lambda: time.sleep(0.02), "cpu", cpu_runs=3) == pytest.approx(20, rel=0.5)
     assert extra_memory(lambda: None, "cpu") is None
+
+
+def test_cpu_timing_honours_warmup_and_rep_ms():
+    """On a CPU, time_ms runs for warmup_ms and then rep_ms (bench's --warmup-ms/--rep-ms), with
+    at least cpu_runs timed calls: it used to time 5 calls after one warm-up whatever was asked,
+    and a slow first call could then be the median's neighbour."""
+    import time
+
+    from flashlab.timing import time_ms
+    calls = []
+
+    def quick():
+        calls.append(1)
+        time.sleep(0.001)
+
+    time_ms(quick, "cpu", warmup_ms=20, rep_ms=60)
+    assert len(calls) >= 20                        # ~1 ms a call over 80 ms (sleep overshoots; the old timer: 6)
+    calls.clear()
+    time_ms(quick, "cpu", warmup_ms=0, rep_ms=0, cpu_runs=7)
+    assert len(calls) == 1 + 7                     # one warm-up call, then cpu_runs
