@@ -13,7 +13,6 @@ import time
 
 import torch
 
-
 CPU_MAX_RUNS = 10_000          # a call of microseconds would otherwise run rep_ms / its time times
 
 
