@@ -14,6 +14,11 @@
                     (flashlab.pretune; python -m flashlab tune --help)
   eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
                     to the published optimum, heuristics; --save-tours writes instances and tours
+  export-tsp        write the policy of a training-state checkpoint as am_tspN.pt (a run that
+                    was killed before its own export)
+
+train and train-tsp write only with --out-dir, never over another run; Ctrl-C or SIGTERM stops
+a run between two steps and saves it (--resume continues exactly).
 
 Every option is checked before any work starts; a bad one ends the command with one line
 that names it and says what to give instead (exit status 2).
@@ -473,6 +478,23 @@ def _eval_tsp(args) -> None:
         print(f"  instances, tours and lengths written to {args.save_tours}")
 
 
+# ---------------------------------------------------------------- export-tsp
+def _export_tsp_options(p) -> None:
+    p.add_argument("--checkpoint", required=True,
+                   help="a tsp-training-state checkpoint (OUT_DIR/checkpoint_last.pt or checkpoint_<step>.pt)")
+    p.add_argument("--out", required=True, help="where to write the policy (am_tspN.pt, as eval-tsp loads it)")
+
+
+def _export_tsp_command(args) -> None:
+    _existing_file("--checkpoint", args.checkpoint)
+    _check_output_file("--out", args.out)
+    from .tsp_train import export_policy
+
+    trainer = export_policy(args.checkpoint, args.out)
+    print(f"{args.out}: the TSP{trainer.task_config.n_nodes} policy at step {trainer.step} "
+          f"({trainer.train_seconds / 60:.2f} min of training); evaluate it with eval-tsp --checkpoint {args.out}")
+
+
 # ---------------------------------------------------------------- the table of commands
 @dataclass(frozen=True)
 class Command:
@@ -494,6 +516,9 @@ COMMANDS = [
     Command("train-tsp", "train the TSP Attention Model (REINFORCE; flashlab.tsp_train)", _tsp_train_options,
             _train_tsp),
     Command("eval-tsp", "evaluate a TSP Attention Model checkpoint", _eval_tsp_options, _eval_tsp,
+            checkpoint_option="--checkpoint"),
+    Command("export-tsp", "write the policy of a TSP training-state checkpoint as am_tspN.pt (for a run that was "
+                          "killed before it could export)", _export_tsp_options, _export_tsp_command,
             checkpoint_option="--checkpoint"),
 ]
 

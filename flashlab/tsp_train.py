@@ -201,3 +201,23 @@ class TSPTrainer(Trainer):
     def export(self, path, **metadata):
         """The policy alone, in the format `python -m flashlab eval-tsp` loads."""
         save_model(self.model, path, n_nodes=self.task_config.n_nodes, steps=self.step, **metadata)
+
+
+def export_policy(state_path, out_path) -> TSPTrainer:
+    """Write the policy of a tsp-training-state checkpoint (``checkpoint_last.pt`` or any
+    ``checkpoint_<step>.pt``) as the tsp-model checkpoint eval-tsp loads (``am_tspN.pt``), with
+    the metadata train-tsp writes when a run ends: for a run stopped from outside (a kill, a
+    machine's time limit) that left only its checkpoints. The trainer is rebuilt on the CPU with
+    SDPA (nothing runs); returns it (its step and train_seconds say what was exported)."""
+    from . import checkpoint
+    from .train import RunConfig
+
+    saved = checkpoint.load(state_path, kind="tsp-training-state", map_location="cpu")
+    task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
+    run = RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(state_path), "out_dir": None,
+                       "progress": False})
+    trainer = TSPTrainer(task, run)
+    trainer.export(out_path, train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision,
+                   compile=trainer.run.compile)
+    return trainer
+

@@ -93,6 +93,12 @@ BAD = [
     (["eval-tsp", "--checkpoint", "/nonexistent.pt"], "--checkpoint: /nonexistent.pt does not exist"),
     (["eval-tsp", "--checkpoint", TSP_STATE], "--checkpoint: " + TSP_STATE + " is a tsp-training-state checkpoint"),
     (["eval-tsp"], "the following arguments are required: --checkpoint"),
+    (["export-tsp", "--checkpoint", TSP_MODEL, "--out", "/nonexistent-dir/am.pt"],
+     "--out: the directory /nonexistent-dir does not exist"),
+    (["export-tsp", "--checkpoint", "/nonexistent.pt", "--out", "am.pt"],
+     "--checkpoint: /nonexistent.pt does not exist"),
+    (["export-tsp", "--checkpoint", TSP_MODEL, "--out", "/tmp/flashlab-export-test.pt"],
+     "--checkpoint: " + TSP_MODEL + " is a tsp-model checkpoint"),
     ([], "the following arguments are required: command"),
     (["trian"], "invalid choice: 'trian'"),
     (["train", "--n-head", "4"], "unrecognized arguments: --n-head"),                  # no abbreviations
@@ -289,3 +295,20 @@ def test_a_stopped_tsp_run_exports_its_policy_and_a_spent_time_limit_is_said(tmp
 def test_tune_is_listed_with_the_commands():
     choices = build_parser()._subparsers._group_actions[0].choices
     assert "tune" in choices and "train-tsp" in choices
+
+
+def test_export_tsp_writes_the_policy_of_a_training_state(tmp_path, capsys):
+    """A run killed before its own export left only checkpoints, and no command turned one into
+    the am_tspN.pt eval-tsp loads; export-tsp does (any checkpoint_<step>.pt too)."""
+    out = tmp_path / "run"
+    assert main([*TINY_TSP, "--steps", "4", "--checkpoint-every", "2", "--out-dir", str(out)]) == 0
+    capsys.readouterr()
+    policy = tmp_path / "am_step2.pt"
+    assert main(["export-tsp", "--checkpoint", str(out / "checkpoint_2.pt"), "--out", str(policy)]) == 0
+    assert "the TSP5 policy at step 2" in capsys.readouterr().out
+    assert main(["eval-tsp", "--checkpoint", str(policy), "--instances", "4", "--attention", "sdpa"]) == 0
+    said = capsys.readouterr().out
+    assert "TSP5, 4 instances" in said and "steps=2" in said
+    code, captured = _run(["export-tsp", "--checkpoint", str(policy), "--out", str(tmp_path / "x.pt")], capsys)
+    assert code == 2 and captured.err.count("\n") == 1 and "--checkpoint: " in captured.err
+    assert "tsp-training-state" in captured.err
