@@ -53,7 +53,7 @@
 #   bash measurements/next_gpu_session.sh tsp100-second OUT       resumed to 16 minutes, exported,
 #       evaluated on 10,000 instances (~9.5 min)
 # The third session of 2026-12-04 had no GPU. Eager small-path calls now take their own autograd.Function
-# (flash_small.SmallAttention; flashlab's per-call Python 52-54 -> 38-39 µs on the course's CPU,
+# (flash_small.SmallAttention; flashlab's per-call Python 48.7-48.9 -> 39.0-40.2 µs on the course's CPU,
 # results/cpu/python_layers_*.json). First, then the three above:
 #   bash measurements/next_gpu_session.sh eager-host OUT   its tests on the GPU (bit-identical to the
 #       general route, bf16 too) and the day's drop-in fixes' tests, the per-call Python with the kernels
