@@ -145,6 +145,11 @@ class TSPTrainer(Trainer):
         epoch = step // c.epoch_steps
         if self._epoch is None or self._epoch[0] != epoch:
             steps = range(epoch * c.epoch_steps, (epoch + 1) * c.epoch_steps)
+            if self.run.progress and self.rank == 0:
+                from tqdm.auto import tqdm
+                # on a CPU with the defaults (Kool et al.'s 250 × 512) this takes a minute before step 1
+                tqdm.write(f"epoch {epoch}: the baseline's greedy tours for its {len(steps)} steps × {batch} "
+                           f"instances (--epoch-steps × --batch-size), rolled out once, before its steps")
             coords = torch.stack([random_instances(batch, c.n_nodes, seed * 1_000_003 + s) for s in steps])
             lengths = self._greedy_lengths(self.baseline, coords.flatten(0, 1), c.rollout_batch)
             self._epoch = (epoch, coords, lengths.view(len(steps), batch).cpu())
