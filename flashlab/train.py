@@ -98,6 +98,8 @@ class RunConfig:
     out_dir: str | None = option(None, "directory for metrics.csv and checkpoints (created if missing)")
     checkpoint_every: int = option(0, "save checkpoint_<step>.pt and checkpoint_last.pt every this many steps; "
                                       "0 = checkpoint_last.pt at the end only", low=0)
+    keep_checkpoints: int = option(0, "keep only the newest this many checkpoint_<step>.pt files (checkpoint_last.pt "
+                                      "always stays); 0 = keep every one", low=0)
     resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt); "
                                       "the command line takes its fixed settings unless given")
     log_every: int = option(10, "update the progress bar's numbers every this many steps", low=1)
@@ -455,6 +457,8 @@ class Trainer:
             bar.update(1)
             if out and run.checkpoint_every and self.step % run.checkpoint_every == 0:
                 self.save([out / f"checkpoint_{self.step}.pt", out / "checkpoint_last.pt"])
+                if run.keep_checkpoints and self.rank == 0:
+                    _prune_checkpoints(out, run.keep_checkpoints)
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
@@ -593,6 +597,18 @@ def _truncate_csv(path: Path, step: int) -> None:
     buffer = io.StringIO()
     csv.writer(buffer).writerows([header, *keep])
     checkpoint.write_atomically(path, buffer.getvalue().encode())
+
+
+def _prune_checkpoints(out: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoint_<step>.pt in ``out`` (by step; checkpoint_last.pt
+    and any other file stay)."""
+    numbered = []
+    for path in out.glob("checkpoint_*.pt"):
+        step = path.stem.removeprefix("checkpoint_")
+        if step.isdigit():
+            numbered.append((int(step), path))
+    for _, path in sorted(numbered)[:-keep]:
+        path.unlink(missing_ok=True)
 
 
 def _append_csv(path: Path, metrics: dict) -> None:

@@ -312,3 +312,16 @@ def test_export_tsp_writes_the_policy_of_a_training_state(tmp_path, capsys):
     code, captured = _run(["export-tsp", "--checkpoint", str(policy), "--out", str(tmp_path / "x.pt")], capsys)
     assert code == 2 and captured.err.count("\n") == 1 and "--checkpoint: " in captured.err
     assert "tsp-training-state" in captured.err
+
+
+def test_keep_checkpoints_prunes_the_oldest(tmp_path, capsys):
+    """--checkpoint-every 1 used to leave a file per step (a practitioner's run: 1029); with
+    --keep-checkpoints N only the newest N checkpoint_<step>.pt stay, beside checkpoint_last.pt."""
+    out = tmp_path / "run"
+    assert main([*TINY_LM, "--steps", "7", "--checkpoint-every", "1", "--keep-checkpoints", "3",
+                 "--out-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == [
+        "checkpoint_5.pt", "checkpoint_6.pt", "checkpoint_7.pt", "checkpoint_last.pt"]
+    assert main(["train", "--resume", str(out / "checkpoint_5.pt"), "--steps", "9", "--no-progress"]) == 0
+    assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == [       # the setting came with the checkpoint
+        "checkpoint_7.pt", "checkpoint_8.pt", "checkpoint_9.pt", "checkpoint_last.pt"]
