@@ -17,6 +17,7 @@ import torch
 
 from .checks import default_scale
 from .decode_triton import decode_merge_kernel, decode_split_kernel
+from .first_order import without_backward
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, _cdiv, _head_dim_args
 from .flash_triton import LOG2E
 from .memory import dtype_bytes
@@ -294,9 +295,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             launch(decode_merge_kernel, (_cdiv(n_rows, block_r),),
                    o_part, lse_part, out, lse, *out.stride(), n_rows, seqlen_q, heads, head_dim, num_splits,
                    BLOCK_R=block_r, BLOCK_D=block_d)
-    if return_lse:
-        return out, (lse / LOG2E).permute(0, 2, 1)      # log2 → ln: ln x = log2 x / log2 e
-    return out
+    results = (out, (lse / LOG2E).permute(0, 2, 1)) if return_lse else (out,)   # log2 → ln: ln x = log2 x / log2 e
+    # the kernels have no backward: a backward through their output raises instead of stopping there
+    results = without_backward(results, (q, k_cache, v_cache), NO_BACKWARD)
+    return results if return_lse else results[0]
+
+
+NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference): compute attention that "
+               "needs gradients with flashlab.attention, or run decoding under torch.no_grad().")
 
 
 def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False):

@@ -15,6 +15,7 @@ import torch
 from . import autotune
 from .checks import check_window, default_scale
 from .decode import launch
+from .first_order import first_order_only
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
 from .flash_triton import LOG2E, flash_backward_preprocess_kernel
 from .runtime import input_precision
@@ -102,7 +103,10 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             _fail(name, f"must rise from 0 to the {total} packed tokens, got {values}",
                   "cu_seqlens[b] is where sequence b starts; cu_seqlens[-1] the total number of tokens.")
         name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
-        if not isinstance(max_len, int) or max_len < max(lengths, default=0):
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            _fail(name_max, f"expected a Python int, got {type(max_len).__name__} {max_len!r}",
+                  f"Pass int({name_max}), the length of the longest sequence.")
+        if max_len < max(lengths, default=0):
             _fail(name_max, f"{max_len!r} is smaller than the longest sequence, {max(lengths, default=0)}",
                   "Pass the length of the longest sequence (the grid is sized by it).")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -176,7 +180,8 @@ class VarlenAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        # a second derivative raises, never drops (flashlab/first_order.py)
+        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None, None, None, None
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,

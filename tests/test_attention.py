@@ -393,7 +393,7 @@ def test_a_second_derivative_raises_instead_of_being_dropped(route):
     for got, want in zip(first, plain):
         assert torch.equal(got.detach(), want) and got.grad_fn is not None
     penalty = sum(g.square().sum() for g in first)
-    with pytest.raises(RuntimeError, match="flashlab.attention has no second derivative"):
+    with pytest.raises(RuntimeError, match="flashlab's attention has no second derivative"):
         penalty.backward()
 
 

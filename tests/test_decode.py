@@ -265,3 +265,21 @@ def test_head_dims_on_gpu(head_dim):
     q = torch.randn(3, 2, 8, head_dim, dtype=torch.float16, device=DEVICE)
     out = decode_attention(q, k, v, _lengths(lengths), block_table=table)
     assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table), dtype=torch.float16)
+
+
+def test_no_backward_is_said_not_a_silent_stop():
+    """decode_attention has no backward. Its output used to come back without a graph when q
+    required grad, so a loss through it silently got no gradient from attention (a practitioner's
+    trial); now a backward through it raises, and under no_grad nothing changes."""
+    k, v = _cache(2, 20, 2, 16)
+    q = torch.randn(2, 1, 4, 16, device=DEVICE, requires_grad=True)
+    lengths = _lengths([5, 20])
+    out = decode_attention(q, k, v, lengths)
+    assert out.requires_grad
+    assert_close(out, reference_decode_attention(q, k, v, lengths))
+    with pytest.raises(RuntimeError, match="decode_attention has no backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not decode_attention(q, k, v, lengths).requires_grad
+    out, lse = decode_attention(q.detach(), k, v, lengths, return_lse=True)
+    assert not out.requires_grad and lse.shape == (2, 4, 1)

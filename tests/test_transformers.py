@@ -120,3 +120,18 @@ def test_dropout_in_training_mode_reaches_the_kernel():
 def test_names_with_flash_are_refused():
     with pytest.raises(ValueError, match="flash"):
         register("my_flashlab")
+
+
+def test_what_the_kernels_do_not_have_is_refused_not_dropped():
+    """Attention sinks (gpt-oss passes s_aux, a learned logit per head in every row's softmax) were
+    silently dropped: logits off by 0.3-0.6 from eager on a tiny gpt-oss (a practitioner's trial).
+    Now, like soft-capping and attention weights, they raise one clear error naming the argument."""
+    from flashlab.integrations.transformers import attention_forward
+    q, k, v = (torch.randn(1, 4, 6, 16) for _ in range(3))
+    module = torch.nn.Module()
+    for kwargs, argument in ((dict(s_aux=torch.zeros(4)), "s_aux"), (dict(softcap=30.0), "softcap"),
+                             (dict(output_attentions=True), "output_attentions")):
+        with pytest.raises(ValueError, match=f"^{argument}: "):
+            attention_forward(module, q, k, v, None, **kwargs)
+    out, weights = attention_forward(module, q, k, v, None, s_aux=None)
+    assert out.shape == (1, 6, 4, 16) and weights is None

@@ -178,3 +178,23 @@ def test_head_dims_on_gpu(head_dim):
     for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad),
                           torch.autograd.grad(ref, (q, k, v), grad.double())):
         assert_close(g, w, tol=2 * 3e-3, what=name)
+
+
+def test_a_second_derivative_raises_and_max_seqlen_must_be_an_int():
+    """Found by a practitioner's trial: with create_graph=True varlen's gradients came back with no
+    graph, so a gradient penalty through it silently lost its part (the weight gradient off by
+    22.3 of 135). Now differentiating them again raises, as flashlab.attention does; first
+    derivatives are unchanged. max_seqlen given as a numpy int was refused as "smaller than the
+    longest sequence, 12" when it was 12: now the message says it must be a Python int."""
+    import numpy as np
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([8, 12], 4, 2)
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)
+    plain = torch.autograd.grad(out.square().sum(), (q, k, v), retain_graph=True)
+    first = torch.autograd.grad(out.square().sum(), (q, k, v), create_graph=True)
+    for got, want in zip(first, plain):
+        assert torch.equal(got.detach(), want) and got.grad_fn is not None
+    with pytest.raises(RuntimeError, match="has no second derivative"):
+        sum(g.square().sum() for g in first).backward()
+    for bad in (np.int64(12), torch.tensor(12), 12.0, True):
+        with pytest.raises(ValueError, match="max_seqlen_q: expected a Python int"):
+            varlen_attention(q, k, v, cu_q, cu_k, bad, max_k)

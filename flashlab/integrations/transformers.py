@@ -15,7 +15,9 @@ The attention function is transformers' SDPA path with `flashlab.attention` in p
 from transformers' own `sdpa_mask`: padding left or right, causal, sliding windows), the same
 causal flag (``is_causal`` only when no mask was needed and more than one query), GQA (key
 and value heads shared by groups of query heads: ``enable_gqa``), scaling and dropout, and
-the layout transformers expects back: (batch, queries, heads, head_dim).
+the layout transformers expects back: (batch, queries, heads, head_dim). What the kernels do not
+have is refused with one line naming it, never dropped: logit soft-capping (``softcap``),
+attention sinks (``s_aux``, gpt-oss) and the attention weights (``output_attentions``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if kwargs.get("softcap") is not None:
         raise ValueError("softcap: flashlab attention has no logit soft-capping; load the model with "
                          "attn_implementation='eager' for it")
+    if kwargs.get("s_aux") is not None:          # gpt-oss: a learned sink logit per head in every softmax
+        raise ValueError("s_aux: flashlab attention has no attention sinks (a per-head logit every query "
+                         "attends to, as gpt-oss has); load the model with attn_implementation='eager' for it")
     if kwargs.get("output_attentions"):
         raise ValueError("output_attentions: flashlab never forms the attention weights; use "
                          "attn_implementation='eager' to get them")
