@@ -16,6 +16,11 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def finite_number(value) -> bool:
+    """A finite int or float, not a bool: what a ``scale`` may be (SDPA's and FlashAttention's take any)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _fail(argument: str, problem: str, fix: str) -> None:
     raise ValueError(f"{argument}: {problem}. {fix}")
 
@@ -103,7 +108,7 @@ def check_attention_inputs(
                   "Sequence length and head dimension must be at least 1.")
     if scale is not None:
         # SDPA takes any finite scale (0: every key weighted alike; negative: the scores flipped)
-        number = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+        number = finite_number(scale)
         if not number or (not sdpa_semantics and scale <= 0):
             kind = "finite" if sdpa_semantics else "positive"
             _fail("scale", f"expected a {kind} number or None, got {scale!r}", "Leave it as None for 1/sqrt(D).")

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .checks import default_scale
+from .checks import default_scale, finite_number
 from .decode_triton import decode_merge_kernel, decode_split_kernel
 from .first_order import without_backward
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, _cdiv, _head_dim_args
@@ -195,8 +195,8 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits):
         _fail("num_splits", f"expected a positive integer, or None (or 0) to choose, got {num_splits!r}",
               "Leave it None for the heuristic, or pass e.g. 4.")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        _fail("scale", f"expected a positive number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
+    if scale is not None and not finite_number(scale):       # any finite scale, as FlashAttention's
+        _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import autotune
-from .checks import check_window, default_scale
+from .checks import check_window, default_scale, finite_number
 from .decode import launch
 from .first_order import first_order_only
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
@@ -112,8 +112,8 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         _fail("cu_seqlens_k", f"describes {cu_seqlens_k.numel() - 1} sequences, cu_seqlens_q "
               f"{cu_seqlens_q.numel() - 1}", "Give both one entry per sequence, plus one.")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        _fail("scale", f"expected a positive number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
+    if scale is not None and not finite_number(scale):       # any finite scale, as FlashAttention's
+        _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
     check_window(window)
 
 

@@ -283,3 +283,16 @@ def test_no_backward_is_said_not_a_silent_stop():
         assert not decode_attention(q, k, v, lengths).requires_grad
     out, lse = decode_attention(q.detach(), k, v, lengths, return_lse=True)
     assert not out.requires_grad and lse.shape == (2, 4, 1)
+
+
+def test_any_finite_scale_and_none_other():
+    """Any finite scale, as FlashAttention's and flashlab.attention's (0 and negative were refused)."""
+    k, v = _cache(2, 20, 2, 16)
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    lengths = _lengths([5, 20])
+    for scale in (0.0, -0.5):
+        assert_close(decode_attention(q, k, v, lengths, scale=scale),
+                     reference_decode_attention(q, k, v, lengths, scale=scale))
+    for bad in (float("nan"), float("inf"), True, "0.5"):
+        with pytest.raises(ValueError, match="scale: expected a finite number or None"):
+            decode_attention(q, k, v, lengths, scale=bad)

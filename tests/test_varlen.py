@@ -198,3 +198,14 @@ def test_a_second_derivative_raises_and_max_seqlen_must_be_an_int():
     for bad in (np.int64(12), torch.tensor(12), 12.0, True):
         with pytest.raises(ValueError, match="max_seqlen_q: expected a Python int"):
             varlen_attention(q, k, v, cu_q, cu_k, bad, max_k)
+
+
+def test_any_finite_scale_and_none_other():
+    """Any finite scale, as FlashAttention's and flashlab.attention's (0 and negative were refused)."""
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([8, 12], 2, 2, grad=False)
+    for scale in (0.0, -0.5):
+        assert_close(varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale),
+                     reference_varlen_attention(q, k, v, cu_q, cu_k, scale=scale))
+    for bad in (float("nan"), float("inf"), True, "0.5"):
+        with pytest.raises(ValueError, match="scale: expected a finite number or None"):
+            varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=bad)
