@@ -150,7 +150,8 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     if head_dim > MAX_HEAD_DIM:
         _fail("q", f"head dimension {head_dim} exceeds {MAX_HEAD_DIM}", "Split the heads.")
     if seqlen_q == 0 or head_dim == 0:
-        _fail("q", f"has an empty dimension, shape {tuple(q.shape)}", "Pass at least one query token.")
+        _fail("q", f"has an empty dimension, shape {tuple(q.shape)}",
+              "Pass at least one query token, one head and a head dimension of at least 1.")
     if heads % heads_k:
         _fail("k_cache", f"has {heads_k} heads, which does not divide q's {heads}",
               "Grouped-query attention needs heads_k to divide heads.")
@@ -211,7 +212,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
 
     Args:
         q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
-        k_cache, v_cache: contiguous ``(batch, seqlen_cache, heads_k, D)``, or paged
+        k_cache, v_cache: ``(batch, seqlen_cache, heads_k, D)`` (any strides, but the head
+            dimension contiguous: views and stride-0 expanded heads are read as they are), or paged
             ``(num_blocks, page_size, heads_k, D)`` with ``block_table``; ``heads_k`` divides
             ``heads`` (grouped-query attention: q head h reads kv head h // (heads / heads_k)).
         cache_seqlens: int32 (or int64) ``(batch,)``: how many cached tokens sequence b has (0 allowed:
@@ -237,7 +239,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             num_stages), for tuning experiments; default `decode_block_sizes`.
 
     Returns:
-        ``(batch, seqlen_q, heads, D)`` in q's dtype (and the log-sum-exp if asked).
+        ``(batch, seqlen_q, heads, D)`` in q's dtype (and the log-sum-exp if asked). Inference only:
+        the kernels have no backward, so a backward through the output raises (use
+        `flashlab.attention` where gradients are needed).
     """
     if check_contents is None:
         check_contents = q.device.type == "cpu"
