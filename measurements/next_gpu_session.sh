@@ -208,6 +208,9 @@ elif [ "$phase" = suite-and-choices ]; then
 elif [ "$phase" = tsp100-first ]; then
   # TSP100 from scratch on the small path (the GPU default), step compiled; the trainer stops itself at
   # 8 minutes of training (compilation included) and leaves runs/tsp100/checkpoint_last.pt
+  # from scratch: a warm machine keeps ignored paths between calls, and train-tsp now refuses a
+  # directory that holds a run (its checkpoint_last.pt and metrics.csv were copied to OUT before)
+  rm -rf runs/tsp100
   mkdir -p runs/tsp100 "$out/runs/tsp100"
   timeout 570 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
     --steps 10000000 --time-limit-min 8 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
