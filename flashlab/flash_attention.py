@@ -217,7 +217,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     # functional tensors) goes through the custom op. Short sequences go straight to the small
     # path's own Function (`flash_small.SmallAttention`), unless a float mask wants its gradient.
     if plan.small and not (wants_grad and attn_mask is not None and attn_mask.requires_grad) and \
-            _small_path_on():
+            _flash_launch._takes_small_path(q4, k4, None):      # the switches a plan cannot hold, per call
         out = _small_eager(q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, wants_grad)
     elif plan.eager:
         out = (ops.EagerFlashAttention.apply(*args) if wants_grad else ops.forward_kernels(*args))[0]
@@ -324,34 +324,24 @@ def _autocast_inputs(q, k, v, attn_mask):
     return cast(q), cast(k), cast(v), cast(attn_mask)
 
 
-_flash_small = _autotune = _mask_args = None
+_flash_small = _flash_launch = None
 
 
 def _small_path():
-    """flashlab.flash_small, imported on first use (it imports Triton; this module must not)."""
-    global _flash_small, _autotune, _mask_args
+    """flashlab.flash_small, imported on first use with flash_launch (they import Triton; this
+    module must not)."""
+    global _flash_small, _flash_launch
     if _flash_small is None:
-        from . import autotune, flash_launch, flash_small
-        _flash_small, _autotune, _mask_args = flash_small, autotune, flash_launch._mask_args
+        from . import flash_launch, flash_small
+        _flash_small, _flash_launch = flash_small, flash_launch
     return _flash_small
 
 
-def _small_path_on() -> bool:
-    """The switches a plan cannot hold: FLASHLAB_SMALL_PATH, and `autotune.force` (a test
-    pinning the general kernels' configurations), read per call as `flash_launch` reads them."""
-    return _small_path().enabled() and not _autotune.forcing()
-
-
 def _small_eager(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision, wants_grad):
-    """An eager call on the small path: (B, H, N, D) inputs, straight to `flash_small`'s kernels.
-    Rows are made contiguous and the mask laid out as `flash_launch` does it for the general route."""
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if v.stride(-1) != 1:
-        v = v.contiguous()
-    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
+    """An eager call on the small path: (B, H, N, D) inputs, straight to `flash_small`'s kernels,
+    with rows made contiguous and the mask laid out as `flash_launch` does for the general route."""
+    q, k, v = (_flash_launch._rows_contiguous(t) for t in (q, k, v))
+    mask, mask_strides, has_mask, mask_is_bool = _flash_launch._mask_args(attn_mask, q, k)
     spec = (mask_strides, has_mask, mask_is_bool, dropout_p, int(seed) if seed is not None else 0, is_causal,
             scale, precision)
     if wants_grad:

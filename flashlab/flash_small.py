@@ -80,11 +80,15 @@ def enabled(device_type: str = "cpu") -> bool:
     return os.environ.get("FLASHLAB_SMALL_PATH", "1") != "0"
 
 
-def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device_type: str = "cpu") -> bool:
-    """Whether a call of this shape takes the small path (`enabled` and both lengths within
-    `max_keys`)."""
+def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Both lengths within `max_keys`: the shape alone, whatever the switches say."""
     limit = max_keys(head_dim, dtype)
-    return n_q <= limit and n_k <= limit and enabled(device_type)
+    return n_q <= limit and n_k <= limit
+
+
+def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device_type: str = "cpu") -> bool:
+    """Whether a call of this shape takes the small path (`enabled` and `fits`)."""
+    return fits(n_q, n_k, head_dim, dtype) and enabled(device_type)
 
 
 # -- configurations --------------------------------------------------------------------------
@@ -360,13 +364,11 @@ def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int
 
 def takes_eager_path(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether an eager call of this shape can use `SmallAttention` (decided once per signature
-    by `flashlab.attention`; the switches `enabled` and `autotune.force` are read per call): the
-    small path applies, and the kernels read the inputs as they are (half-precision CPU inputs are
+    by `flashlab.attention`; the switches are read per call, by `flash_launch._takes_small_path`):
+    the shape `fits`, and the kernels read the inputs as they are (half-precision CPU inputs are
     computed in fp32 by `flashlab.ops`, which the general route does)."""
-    if device.type == "cpu" and dtype in (torch.float16, torch.bfloat16):
-        return False
-    limit = max_keys(head_dim, dtype)
-    return n_q <= limit and n_k <= limit
+    return not (device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)) and fits(n_q, n_k, head_dim,
+                                                                                           dtype)
 
 
 class SmallAttention(torch.autograd.Function):
