@@ -21,7 +21,7 @@ ifeq ($(HAS_GPU),yes)
 else
 	$(BIN)/pip install --retries 0 "torch==$(TORCH_VERSION)" --extra-index-url $(TORCH_CPU_INDEX)
 endif
-	$(BIN)/pip install -e ".[dev]"    # the distribution flashlab-course (import flashlab); dev includes the hf extra
+	$(BIN)/pip install -e ".[dev]"    # the distribution flashlab-course (import flashlab); dev includes the hf and rl4co extras
 	touch $@
 
 ## lab: set up and open the course in JupyterLab

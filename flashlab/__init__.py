@@ -25,7 +25,7 @@ The package the FlashLab course builds. Public API so far:
 # interpreted per call (flashlab.runtime), and Triton is imported when a kernel is first needed.
 from . import autotune, runtime
 from .checks import check_attention_inputs
-from .flash_attention import MultiHeadAttention, attention
+from .flash_attention import InterpreterWarning, MultiHeadAttention, attention
 from .memory import (
     MemoryMeasurement,
     NaiveAttentionMemory,
@@ -71,6 +71,7 @@ def __getattr__(name):
 __all__ = [
     "TOLERANCE",
     "SoftmaxState",
+    "InterpreterWarning",
     "MultiHeadAttention",
     "attention",
     "autotune",

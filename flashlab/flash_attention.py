@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -28,6 +29,29 @@ from .tiled import tiled_attention_unchecked
 INTERPRETER_MAX_TILES = 1024
 INTERPRETER_BLOCK = 32          # autotune.INTERPRETER's tile
 PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations, O(N·512) memory
+
+# Someone who did not come to read the kernels (a model's CPU run, a client library such as RL4CO
+# with `sdpa_fn=flashlab.attention`) should learn why each call takes seconds, and what to switch:
+# after this many interpreted tiles in one process, one warning says so. Each of the course's
+# notebooks interprets at most 760; RL4CO's TSP20 policy, batch 64, passes it in its fourth call.
+INTERPRETER_NOTICE_TILES = 2048
+_interpreted_tiles = 0           # forward tiles this process has given the interpreter so far
+
+
+class InterpreterWarning(UserWarning):
+    """flashlab.attention has run many tiles in Triton's interpreter on a CPU (said once a process)."""
+
+
+def _count_interpreted(tiles: int) -> None:
+    global _interpreted_tiles
+    before, _interpreted_tiles = _interpreted_tiles, _interpreted_tiles + tiles
+    if before < INTERPRETER_NOTICE_TILES <= _interpreted_tiles:
+        warnings.warn(
+            f"flashlab.attention has now run {_interpreted_tiles:,} tiles of its Triton kernels in Triton's "
+            "interpreter on the CPU, milliseconds of Python each: hundreds of times slower than SDPA on the same "
+            "CPU. That is how the course shows the kernels without a GPU; to run a model on a CPU at PyTorch's "
+            "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding). Said once.",
+            InterpreterWarning, stacklevel=3)
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
@@ -85,10 +109,14 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     if dropout_p > 0 and q.shape[-2] * k.shape[-2] >= 2**31:
         return False                                  # the kernels' RNG counter is int32
     if q.device.type == "cpu":
-        batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
-        tiles = batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
-        return tiles <= _cpu_tile_limit()
+        return _interpreter_tiles(q, k, band) <= _cpu_tile_limit()
     return True
+
+
+def _interpreter_tiles(q, k, band) -> int:
+    """32 × 32 tiles the interpreted forward visits, all heads of all batch elements."""
+    batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
+    return batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
 
 
 def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None):
@@ -184,6 +212,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
+    if plan.cpu_tiles:
+        _count_interpreted(plan.cpu_tiles)
     if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
         k = k.expand(*q.shape[:-3], *k.shape[-3:])
         v = v.expand(*q.shape[:-3], *v.shape[-3:])
@@ -245,6 +275,7 @@ class _Plan(NamedTuple):
     small: bool              # eager, and the small path's own Function can take it (`_small_eager`)
     transformed: bool        # inside a torch.func transform or a jit trace: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
+    cpu_tiles: int           # the kernels on a CPU: tiles the interpreter runs per forward (else 0)
 
 
 _PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
@@ -289,7 +320,8 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
                  expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3], kernels=kernels,
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
-                 small=small, transformed=transformed, window=window)
+                 small=small, transformed=transformed, window=window,
+                 cpu_tiles=_interpreter_tiles(q, k, band) if kernels and q.device.type == "cpu" else 0)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()

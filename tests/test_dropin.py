@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -332,6 +333,32 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setattr(flash_small, "small_forward", lambda *args: calls.append(1) or original(*args))
     _sdpa_check(q, k, v, is_causal=True)
     assert calls == [1], "with the switch unset the kernels run again"
+
+
+def test_many_interpreted_tiles_say_once_how_to_switch(monkeypatch):
+    """A CPU process that gives the interpreter many tiles (a model trained on a CPU, a client
+    library's tests) is told once, at the caller's line, that FLASHLAB_CPU_KERNELS=0 runs it at
+    PyTorch's speed; a process that switched is not counted."""
+    from flashlab import flash_attention as fa
+    monkeypatch.setattr(fa, "_interpreted_tiles", 0)
+    monkeypatch.setattr(fa, "INTERPRETER_NOTICE_TILES", 30)
+    q, k, v = (torch.randn(1, 2, 70, 16) for _ in range(3))      # 2 heads × 3 × 3 tiles of 32 = 18 a call
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attention(q, k, v)                                     # 18: below
+        attention(q, k, v)                                     # 36: passes 30, said
+        attention(q, k, v)                                     # said once only
+    notices = [w for w in caught if issubclass(w.category, flashlab.InterpreterWarning)]
+    assert len(notices) == 1 and fa._interpreted_tiles == 54
+    assert "FLASHLAB_CPU_KERNELS=0" in str(notices[0].message) and "36 tiles" in str(notices[0].message)
+    assert notices[0].filename == __file__, "points at the caller's line, not flashlab's"
+    monkeypatch.setattr(fa, "_interpreted_tiles", 0)
+    monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            attention(q, k, v)
+    assert fa._interpreted_tiles == 0
 
 
 def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():
