@@ -59,6 +59,13 @@
 #       general route, bf16 too) and the day's drop-in fixes' tests, the per-call Python with the kernels
 #       removed, the eager pieces with the general route beside the new one, the table and the encoder
 #       step (~7 min)
+# 2026-12-05 (no GPU either): RL4CO, the routing library, trains with sdpa_fn=flashlab.attention (tests/test_rl4co.py).
+# Its own REINFORCE step on the H200, SDPA against flashlab, is the article's claim measured in that library:
+#   bash measurements/next_gpu_session.sh rl4co-wheels .     HERE, not there: rl4co and what it needs that the GPU
+#       machine lacks, for its Python 3.12 and PyTorch 2.11 (torchrl 0.12 / tensordict 0.12 pair with 2.11), into .whl/
+#       (git-ignored; 3.7 MB)
+#   bash measurements/next_gpu_session.sh rl4co OUT          there, with carry=[".whl"]: the steps/s at 20, 50, 100
+#       cities, batch 512, bf16 (~4 min)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -74,6 +81,17 @@ small_path_suite() {   # the small path's tests, which run on the GPU whatever t
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py -rf \
     --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
 }
+if [ "$phase" = rl4co-wheels ]; then
+  mkdir -p .whl
+  for p in rl4co==0.7.0 torchrl==0.12.0 tensordict==0.12.4 hydra-core==1.3.8 omegaconf==2.3.0 colorlog==6.12.0 \
+      robust-downloader==0.0.2 pyvers==0.2.3 importlib_metadata==10.2.0 orjson==3.13.0; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform any -d .whl "$p" || exit 1
+  done
+  python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w .whl || exit 1   # an sdist only: built here
+  ls .whl; exit 0
+fi
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
@@ -201,6 +219,11 @@ elif [ "$phase" = eager-host ]; then
     > "$out/small_host_time_thin.log" 2>&1; tail -n 4 "$out/small_host_time_thin.log"
   timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+elif [ "$phase" = rl4co ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
+  PYTHONPATH=".:/tmp/site" timeout 420 python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
+  grep -v Warning "$out/rl4co_step.log" | tail -n 8
 elif [ "$phase" = suite-and-choices ]; then
   gpu_suite 330
   timeout 200 python -m measurements.small_graphs "$out" --sections choices --choice-d 32 64 --budget-s 170 \

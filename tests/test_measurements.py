@@ -44,3 +44,18 @@ def test_python_layers_runs_on_the_cpu(tmp_path):
     assert set(times) >= {"attention_fwd_bwd", "thin_fwd_bwd", "empty_fwd_bwd", "layers_above_thin"}
     assert all(value > 0 for name, value in times.items() if name != "layers_above_thin")
     assert (flash_small.kernel_for, flash_small.direct_launch) == before
+
+
+def test_rl4co_step_runs_on_the_cpu(tmp_path):
+    """measurements.rl4co_step (RL4CO's REINFORCE step, SDPA against flashlab; for the GPU) runs
+    its smoke size here: every variant trains, and the greedy-tour check is recorded."""
+    import json
+
+    import pytest
+    pytest.importorskip("rl4co")
+    from measurements import rl4co_step
+    rl4co_step.main([str(tmp_path), "--smoke"])
+    (row,) = json.loads((tmp_path / "rl4co_step.json").read_text())["rows"]
+    assert "error" not in row, row
+    assert set(row["steps_per_s"]) == set(rl4co_step.VARIANTS) and all(r > 0 for r in row["steps_per_s"].values())
+    assert 0 <= row["check"]["identical_tours"] <= 1
