@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import flashlab
 
