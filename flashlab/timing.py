@@ -8,6 +8,7 @@ flushed between runs); on a CPU the median of a plain wall-clock timer over a fe
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -35,6 +36,20 @@ def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 10
         fn()
         times.append((time.perf_counter() - began) * 1e3)
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int):
+    """PyTorch's CPU ops on ``n`` intra-op threads for the duration. Timing small CPU shapes on a
+    shared machine wants one: with two threads on two cores and another process busy, each op's
+    threads wait for each other a scheduler slice (the course's CPU: 32 ms for naive attention at
+    N = 64, 0.13 ms on one thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def capture_cuda_graph(fn):

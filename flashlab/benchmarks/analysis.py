@@ -98,7 +98,8 @@ def plot_tflops(record: dict, dtype: str, mode: str, axes, impls=None):
                 ax.plot(*zip(*points), "o-", label=impl, lw=1, ms=3)
         ax.set(xscale="log", xlabel="sequence length N", ylabel="TFLOP/s",
                title=f"D={d}, {'causal' if causal else 'full'}")
-    axes[0].legend(fontsize=7)
+    # beside the last panel, not over the curves (at large N they crowd the top of every panel)
+    axes[len(panels) - 1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
 
 
 def plot_memory(record: dict, dtype: str, d: int, causal: bool, ax, mode: str = "fwd+bwd"):

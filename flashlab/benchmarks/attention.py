@@ -4,11 +4,13 @@ TFLOP/s (`flashlab.timing.attention_flops`) and extra memory."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..flash_attention import attention
 from ..naive import naive_attention
-from ..timing import attention_flops, extra_memory, time_ms
+from ..timing import attention_flops, cpu_threads, extra_memory, time_ms
 
 
 def _sdpa_with(backend):
@@ -82,46 +84,55 @@ def benchmark_attention(seq_lens, head_dims=(64, 128), causal=(False, True), dty
     impls = impls or attention_implementations(device)
     configs = [(n, d, c, dt) for n in seq_lens for d in head_dims for c in causal for dt in dtypes]
     rows = []
-    for n, d, is_causal, dtype in tqdm(configs, desc="attention benchmark"):
-        batch = max(1, tokens // n)
-        q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
-        grad_out = torch.randn(batch, heads, n, d, device=device, dtype=dtype)
-        for name, fn in impls.items():
-            if (name == "flex" and flex_seq_lens is not None and n not in flex_seq_lens) or (name, n) in skip:
-                continue
-            base = {"impl": name, "B": batch, "H": heads, "N": n, "D": d, "causal": is_causal, "dtype": str(dtype)}
-
-            def forward(fn=fn, is_causal=is_causal, qkv=(q, k, v)):
-                with torch.no_grad():
-                    fn(*qkv, is_causal)
-
-            def forward_backward(fn=fn, is_causal=is_causal, qkv=(q, k, v), grad_out=grad_out):
-                torch.autograd.grad(fn(*qkv, is_causal), qkv, grad_out)
-
-            def backward(out, qkv=(q, k, v), grad_out=grad_out):
-                torch.autograd.grad(out, qkv, grad_out, retain_graph=True)
-
-            try:
-                out = fn(q, k, v, is_causal)          # warm-up (and compilation), and the graph for "bwd"
-                forward_backward()                    # compiles (flex) and autotunes (flashlab) the backward
-                                                      # too, so neither counts in the memory peaks below
-                memory = {"fwd": extra_memory(forward, device), "fwd+bwd": extra_memory(forward_backward, device)}
-                for mode in modes:
-                    if mode == "fwd":
-                        ms = time_ms(forward, device, warmup_ms, rep_ms)
-                    elif mode == "bwd":
-                        ms = time_ms(lambda out=out: backward(out), device, warmup_ms, rep_ms)
-                    else:
-                        ms = time_ms(forward_backward, device, warmup_ms, rep_ms)
-                    rows.append({**base, "mode": mode, "ms": ms,
-                                 "tflops": attention_flops(batch, heads, n, d, is_causal, mode) / ms / 1e9,
-                                 "extra_bytes": memory.get(mode)})
-                del out
-            except (RuntimeError, torch.OutOfMemoryError) as exc:   # a backend that refuses this shape
-                rows.append({**base, "mode": "all", "error": str(exc).splitlines()[0][:200]})
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        if on_progress is not None:
-            on_progress(rows)
+    # On a CPU (the notebooks' tiny live shapes) one thread: see timing.cpu_threads
+    with cpu_threads(1) if device == "cpu" else contextlib.nullcontext():
+        for n, d, is_causal, dtype in tqdm(configs, desc="attention benchmark"):
+            _benchmark_shape(rows, impls, n, d, is_causal, dtype, tokens, heads, modes, device, flex_seq_lens, skip,
+                             warmup_ms, rep_ms)
+            if on_progress is not None:
+                on_progress(rows)
     return rows
+
+
+def _benchmark_shape(rows, impls, n, d, is_causal, dtype, tokens, heads, modes, device, flex_seq_lens, skip,
+                     warmup_ms, rep_ms):
+    """`benchmark_attention`'s rows for one shape, every implementation, appended to ``rows``."""
+    batch = max(1, tokens // n)
+    q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn(batch, heads, n, d, device=device, dtype=dtype)
+    for name, fn in impls.items():
+        if (name == "flex" and flex_seq_lens is not None and n not in flex_seq_lens) or (name, n) in skip:
+            continue
+        base = {"impl": name, "B": batch, "H": heads, "N": n, "D": d, "causal": is_causal, "dtype": str(dtype)}
+
+        def forward(fn=fn, is_causal=is_causal, qkv=(q, k, v)):
+            with torch.no_grad():
+                fn(*qkv, is_causal)
+
+        def forward_backward(fn=fn, is_causal=is_causal, qkv=(q, k, v), grad_out=grad_out):
+            torch.autograd.grad(fn(*qkv, is_causal), qkv, grad_out)
+
+        def backward(out, qkv=(q, k, v), grad_out=grad_out):
+            torch.autograd.grad(out, qkv, grad_out, retain_graph=True)
+
+        try:
+            out = fn(q, k, v, is_causal)          # warm-up (and compilation), and the graph for "bwd"
+            forward_backward()                    # compiles (flex) and autotunes (flashlab) the backward
+                                                  # too, so neither counts in the memory peaks below
+            memory = {"fwd": extra_memory(forward, device), "fwd+bwd": extra_memory(forward_backward, device)}
+            for mode in modes:
+                if mode == "fwd":
+                    ms = time_ms(forward, device, warmup_ms, rep_ms)
+                elif mode == "bwd":
+                    ms = time_ms(lambda out=out: backward(out), device, warmup_ms, rep_ms)
+                else:
+                    ms = time_ms(forward_backward, device, warmup_ms, rep_ms)
+                rows.append({**base, "mode": mode, "ms": ms,
+                             "tflops": attention_flops(batch, heads, n, d, is_causal, mode) / ms / 1e9,
+                             "extra_bytes": memory.get(mode)})
+            del out
+        except (RuntimeError, torch.OutOfMemoryError) as exc:   # a backend that refuses this shape
+            rows.append({**base, "mode": "all", "error": str(exc).splitlines()[0][:200]})
+        if device == "cuda":
+            torch.cuda.empty_cache()
