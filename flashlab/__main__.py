@@ -273,13 +273,16 @@ _NOT_ADOPTED = {"resume", "device", "progress"}
 def _adopt_from_checkpoint(args, task, run, kind):
     """On resume the run continues as it was: every setting not given on the command line is the
     checkpoint's (model, task, seed, precision, and also batch size, learning rate, schedule, …),
-    except this machine's (`_NOT_ADOPTED`). Given settings override the free ones (one line says
-    what changed) and must equal the fixed ones (checked by the Trainer)."""
+    except this machine's (`_NOT_ADOPTED`, and a compile of reduce-overhead where no GPU runs it).
+    Given settings override the free ones (one line says what changed) and must equal the fixed
+    ones (checked by the Trainer)."""
     from . import checkpoint
+    from .train import no_cuda_graphs
 
     saved = checkpoint.load(run.resume, kind=kind)      # another command's checkpoint: said first
     stored = saved.config if isinstance(saved.config, dict) else {}
     configs, changed = [], []
+    why = no_cuda_graphs(run.device)
     for config, key in ((task, "task"), (run, "run")):
         names = {f.name for f in dataclasses.fields(config)} - _NOT_ADOPTED
         adopt = {name: value for name, value in stored.get(key, {}).items()
@@ -288,6 +291,11 @@ def _adopt_from_checkpoint(args, task, run, kind):
         given = sorted(names & free & args.given)
         changed += [f"{name} {stored[key][name]} → {getattr(config, name)}" for name in given
                     if name in stored.get(key, {}) and name != "steps" and stored[key][name] != getattr(config, name)]
+        if adopt.get("compile") == "reduce-overhead" and why:
+            # like the device, a setting of the machine: a GPU run's CUDA graphs cannot replay here
+            del adopt["compile"]
+            changed.append(f"compile reduce-overhead → {config.compile}, as reduce-overhead replays CUDA graphs "
+                           f"and {why}")
         configs.append(dataclasses.replace(config, **adopt))
     step = saved.state.get("step") if isinstance(saved.state, dict) else None
     if isinstance(step, int) and configs[1].steps <= step:
@@ -527,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    parser.subcommands = commands.choices           # name or alias -> its parser
     # listed for --help and "invalid choice"; main() hands `tune` its arguments before this parser runs
     commands.add_parser("tune", help="tune the attention kernels for a list of shapes ahead of training "
                                      "(flashlab.pretune; python -m flashlab tune --help)", add_help=False)
@@ -553,7 +562,9 @@ def main(argv=None) -> int:
         from .pretune import tune_main
         return tune_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:           # said by the command's parser, so the line names the command and its --help
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # the options given on the command line (not defaulted): resume adopts the checkpoint's for the rest
     names = {token.split("=")[0] for token in argv if token.startswith("--")}
     args.given = {name.removeprefix("--no-").removeprefix("--").replace("-", "_") for name in names}

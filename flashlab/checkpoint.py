@@ -33,13 +33,27 @@ import torch
 
 FORMAT = "flashlab-checkpoint"
 VERSION = 1
-KINDS = {
-    "lm-training-state": "everything `python -m flashlab train --resume` needs (model, optimizer, RNG, step …)",
+KINDS = {      # what each kind holds, said when a file of another kind is given: a phrase without parentheses
+    "lm-training-state": "the whole training state that `python -m flashlab train --resume` continues from, "
+                         "with the model, the optimizer, the RNG and the step",
     "lm-model": "a language model's weights and configuration",
-    "tsp-model": "a TSP Attention Model's weights and architecture (what eval-tsp reads)",
-    "tsp-training-state": "everything `python -m flashlab train-tsp --resume` needs (with the baseline)",
-    "documents-training-state": "everything `python -m flashlab train --task documents --resume` needs",
+    "tsp-model": "a TSP Attention Model's weights and architecture, which eval-tsp reads",
+    "tsp-training-state": "the whole training state that `python -m flashlab train-tsp --resume` continues from, "
+                          "with the baseline",
+    "documents-training-state": "the whole training state that `python -m flashlab train --task documents "
+                                "--resume` continues from",
 }
+# (found, wanted): how to get a usable file from the one given
+CONVERSIONS = {
+    ("tsp-training-state", "tsp-model"): "write its policy first with `python -m flashlab export-tsp --checkpoint "
+                                         "{path} --out model.pt`, then evaluate model.pt",
+    ("tsp-model", "tsp-training-state"): "give a run's OUT_DIR/checkpoint_last.pt or checkpoint_<step>.pt instead, "
+                                         "as this file is evaluated as it is by eval-tsp",
+}
+# How a file torch.save wrote begins: a zip archive (PyTorch ≥ 1.6), or a pickle of protocol ≥ 2
+# (the legacy format). A file that begins otherwise is not a checkpoint at all: refused unread.
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTOCOLS = tuple(bytes([0x80, p]) for p in range(2, 6))
 WRITE_CHUNK = 1 << 20          # bytes per write() call while saving
 
 
@@ -157,7 +171,24 @@ def _unsafe_reason(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _not_a_checkpoint(path, why: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint: {path} is not a PyTorch checkpoint ({why}); give the path of a .pt file "
+                           f"written by flashlab.")
+
+
+def _check_torch_file(path) -> None:
+    """Refuse, unread, a file that torch.save cannot have written (a README, an image …): its
+    load would fail inside the unpickler with a message about unsafe objects, which is wrong."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    # empty: left to torch.load, whose EOFError says "cut short", the likely story of an empty .pt
+    if head and not head.startswith((_ZIP_MAGIC, *_PICKLE_PROTOCOLS)):
+        raise _not_a_checkpoint(path, f"not a torch.save zip archive: it starts with {head!r}")
+
+
 def _torch_load(source, path, map_location):
+    if isinstance(source, (str, os.PathLike)):
+        _check_torch_file(source)
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -169,9 +200,23 @@ def _torch_load(source, path, map_location):
         raise CheckpointError(f"checkpoint: {path} is not a readable checkpoint ({exc}); it may be torn or "
                               f"corrupted: resume from an earlier one.") from None
     except Exception as exc:             # a damaged archive fails in many ways (RuntimeError, EOFError, TypeError …)
+        if "Invalid magic number" in str(exc):        # a pickle of plain data, but not torch.save's
+            raise _not_a_checkpoint(path, "a pickle that torch.save did not write") from None
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"checkpoint: {path} is not a complete checkpoint file ({first}); it was probably "
                               f"cut short or corrupted: resume from an earlier one.") from None
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' or kind.startswith('lm') else 'a'} {kind} checkpoint"
+
+
+def _wrong_kind(path, found: str, wanted: tuple[str, ...]) -> str:
+    """One sentence: what the file is, what is needed, and how to get it where a command can."""
+    needs = " or ".join(f"{_a(k)}, {KINDS[k]}" for k in wanted)
+    text = f"checkpoint: {path} is {_a(found)}, {KINDS[found]}; this needs {needs}"
+    hint = next((CONVERSIONS[found, k] for k in wanted if (found, k) in CONVERSIONS), None)
+    return f"{text}; {hint.format(path=path)}." if hint else f"{text}."
 
 
 def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") -> Checkpoint:
@@ -197,8 +242,7 @@ def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") ->
                               f"written by a newer flashlab: resume from an earlier one.")
     wanted = (kind,) if isinstance(kind, str) else kind
     if wanted is not None and found not in wanted:
-        raise CheckpointError(f"checkpoint: {path} is a {found} checkpoint ({KINDS.get(found, '?')}); this needs "
-                              f"{' or '.join(wanted)} ({'; '.join(KINDS[k] for k in wanted)}).")
+        raise CheckpointError(_wrong_kind(path, found, wanted))
     payload = outer.get("payload")
     if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8:
         raise CheckpointError(f"checkpoint: {path} has no payload; the file is damaged: resume from an earlier one.")

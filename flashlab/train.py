@@ -109,6 +109,21 @@ class RunConfig:
         check_fields(self)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device", "cuda was asked for but no CUDA GPU is visible to torch; use cpu or auto.")
+        # on a CPU, reduce-overhead compiles as default does and then records no CUDA graph: the
+        # minutes of compilation buy nothing the user asked for, so it is refused, not run
+        why = no_cuda_graphs(self.device)
+        if self.compile == "reduce-overhead" and why:
+            raise ConfigError("compile", f"reduce-overhead is GPU only, as it replays CUDA graphs, and {why}; on a "
+                                         f"CPU give off, or default to compile without CUDA graphs.")
+
+
+def no_cuda_graphs(device: str) -> str | None:
+    """Why a run with ``device`` (auto, cpu or cuda) can replay no CUDA graph, or None if it can."""
+    if device == "cpu":
+        return "the device is cpu"
+    if not torch.cuda.is_available():
+        return "no GPU was found, so device auto runs on the CPU"
+    return None
 
 
 @dataclass
@@ -556,10 +571,15 @@ class Trainer:
 
 
 def _check_writable_dir(directory) -> None:
-    """Create ``directory`` if needed and make sure a file can be written there, before training."""
+    """Make sure ``directory`` takes a new file, or can be created, before training; created by
+    `fit` only, so that a run refused after this check (a checkpoint of another run …) leaves
+    no empty directory behind."""
+    target = Path(directory).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())   # where a file or mkdir would go
     try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
         raise ConfigError("out_dir", f"cannot write to {directory} ({exc.strerror or exc}); give a directory you "

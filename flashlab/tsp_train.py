@@ -219,10 +219,12 @@ def export_policy(state_path, out_path) -> TSPTrainer:
 
     saved = checkpoint.load(state_path, kind="tsp-training-state", map_location="cpu")
     task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
+    # nothing runs here, so nothing is compiled (a GPU run's reduce-overhead is refused on a CPU);
+    # the metadata still records how the run was compiled
     run = RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(state_path), "out_dir": None,
-                       "progress": False})
+                       "progress": False, "compile": "off"})
     trainer = TSPTrainer(task, run)
     trainer.export(out_path, train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision,
-                   compile=trainer.run.compile)
+                   compile=saved.config["run"].get("compile", "off"))
     return trainer
 

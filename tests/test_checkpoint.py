@@ -124,8 +124,9 @@ def test_every_shipped_checkpoint_loads_with_weights_only(name):
         trainer.model.load_state_dict(saved.state["model"])
     else:
         task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
+        # compile "off": the run replayed CUDA graphs (reduce-overhead), which a CPU refuses
         trainer = TSPTrainer(task, RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(path),
-                                                "out_dir": None, "progress": False}))
+                                                "out_dir": None, "progress": False, "compile": "off"}))
         policy, metadata = load_model(ROOT / "checkpoints" / "am_tsp50.pt")   # exported from this state
         assert trainer.step == metadata["steps"] == len(trainer.history) and trainer.baseline_updates > 0
         assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), trainer.model.state_dict().values()))
@@ -153,6 +154,35 @@ def test_corrupted_and_torn_files_are_refused(tmp_path):
         load_model(tmp_path / "missing.pt")
 
 
+def test_a_file_that_is_no_checkpoint_is_not_called_unsafe(tmp_path, capsys):
+    """A learner trial: ``eval-tsp --checkpoint README.md`` said the file "holds objects other
+    than tensors … could run code". A file torch.save cannot have written is now called what
+    it is; a pickle that would run code is still refused as one, zip archive or not."""
+    words = ["".join(chr(97 + int(i)) for i in torch.randint(0, 26, (int(n),))) for n in torch.randint(1, 9, (40,))]
+    text = tmp_path / "README.md"
+    text.write_text("# " + " ".join(words) + "\n")
+    noise = tmp_path / "noise.pt"                            # random bytes, not opening as a zip or a pickle does
+    noise.write_bytes(bytes([0x41]) + bytes(torch.randint(0, 256, (500,), dtype=torch.uint8).tolist()))
+    plain_pickle = tmp_path / "plain.pkl"                    # a pickle of plain data, but not torch.save's
+    plain_pickle.write_bytes(pickle.dumps({"w": [1.0, 2.0]}, protocol=2))      # torch.save's protocol
+    for path in (text, noise, plain_pickle):
+        with pytest.raises(checkpoint.CheckpointError) as error:
+            checkpoint.load(path)
+        assert f"{path} is not a PyTorch checkpoint" in str(error.value), str(error.value)
+        assert "could run code" not in str(error.value)
+    assert main(["eval-tsp", "--checkpoint", str(text)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"python -m flashlab eval-tsp: error: --checkpoint: {text} is not a PyTorch checkpoint (not a "
+                   f"torch.save zip archive: it starts with {text.read_bytes()[:16]!r}); give the path of a .pt file "
+                   f"written by flashlab."], err
+    marker = tmp_path / "pwned"
+    bare = tmp_path / "bare.pkl"                              # a bare pickle (no zip) that runs a command
+    bare.write_bytes(pickle.dumps({"step": _RunsACommand(f"touch {marker}")}, protocol=2))
+    with pytest.raises(checkpoint.CheckpointError, match="could run code; refused"):
+        checkpoint.load(bare)
+    assert not marker.exists()
+
+
 def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "state.pt"
     checkpoint.save(path, "lm-model", {"a": 1}, {"w": torch.ones(3)})
@@ -171,11 +201,37 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert checkpoint.load(path).config == {"a": 1}
 
 
+def _nesting(text: str) -> int:
+    """How deep the parentheses of ``text`` nest (1: some, none inside another)."""
+    depth = deepest = 0
+    for c in text:
+        depth += (c == "(") - (c == ")")
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def test_the_wrong_kind_of_checkpoint_says_what_it_is(tmp_path, capsys):
     state = ROOT / "checkpoints" / "tsp50_training_state.pt"
     assert main(["eval-tsp", "--checkpoint", str(state), "--instances", "2"]) == 2
     err = capsys.readouterr().err
-    assert "--checkpoint:" in err and "is a tsp-training-state checkpoint" in err and "needs tsp-model" in err
+    assert "--checkpoint:" in err and "is a tsp-training-state checkpoint" in err and "needs a tsp-model" in err
+    # a learner trial: the kinds' descriptions sat in parentheses inside parentheses; and the
+    # way from a training state to what eval-tsp reads was not said
+    assert _nesting(err) <= 1, err
+    assert f"`python -m flashlab export-tsp --checkpoint {state} --out model.pt`, then evaluate model.pt." in err
+    policy = ROOT / "checkpoints" / "am_tsp20.pt"
+    assert main(["export-tsp", "--checkpoint", str(policy), "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint_last.pt" in err and "evaluated as it is by eval-tsp" in err and _nesting(err) <= 1, err
+    for found in checkpoint.KINDS:                       # every pair reads as one sentence
+        path = tmp_path / f"{found}.pt"
+        checkpoint.save(path, found, {}, {"w": torch.randn(3)})
+        for wanted in set(checkpoint.KINDS) - {found}:
+            with pytest.raises(checkpoint.CheckpointError) as error:
+                checkpoint.load(path, kind=wanted)
+            said = str(error.value).removeprefix(f"checkpoint: {path}")
+            assert _nesting(said) == 0 and ". " not in said and said.endswith("."), said
+            assert said.startswith(f" is a{'n' if found.startswith('lm') else ''} {found} checkpoint, "), said
     with pytest.raises(ValueError, match="^resume: .* is a tsp-model checkpoint"):
         TSPTrainer(TINY_TSP, RunConfig(device="cpu", progress=False, resume=str(ROOT / "checkpoints" / "am_tsp20.pt")))
     with pytest.raises(TypeError, match=r"config\['f'\]: a builtin_function_or_method cannot go into a checkpoint"):

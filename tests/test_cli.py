@@ -61,6 +61,10 @@ BAD = [
     (["train", "--out-dir", "/proc/flashlab-forbidden"], "--out-dir: cannot write to /proc/flashlab-forbidden"),
     (["train", "--resume", "/nonexistent/checkpoint_last.pt"], "--resume: /nonexistent/checkpoint_last.pt does not"),
     (["train", "--resume", TSP_MODEL], "is a tsp-model checkpoint"),
+    (["train", "--compile", "reduce-overhead", "--device", "cpu"],
+     "--compile: reduce-overhead is GPU only, as it replays CUDA graphs, and the device is cpu; on a CPU give off"),
+    (["train", "--task", "documents", "--compile", "reduce-overhead", "--device", "cpu"],
+     "--compile: reduce-overhead is GPU only"),
     (["train", "--task", "books"], "--task: invalid choice: 'books'"),
     (["train", "--task", "documents", "--packing", "zipped"], "--packing: invalid choice: 'zipped'"),
     (["train", "--task", "documents", "--max-len", "1"], "--max-len: 1 is out of range; give a value ≥ 2"),
@@ -80,7 +84,9 @@ BAD = [
     (["train-tsp", "--seq-len", "32"], "unrecognized arguments: --seq-len"),          # no flag that does nothing
     (["train-tsp", "--resume", TSP_STATE, "--attention", "sdpa", "--n-nodes", "20"],
      "--resume: " + TSP_STATE + " comes from a different run: n_nodes is 20 but the checkpoint has 50"),
-    (["train-tsp", "--resume", LM_MODEL], "is a lm-model checkpoint"),
+    (["train-tsp", "--resume", LM_MODEL], "is an lm-model checkpoint"),
+    (["train-tsp", "--compile", "reduce-overhead", "--device", "cpu"],
+     "--compile: reduce-overhead is GPU only, as it replays CUDA graphs, and the device is cpu; on a CPU give off"),
     (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "0"], "--instances: 0 is out of range"),
     (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "-5"], "--instances: -5 is out of range"),
     (["eval-tsp", "--checkpoint", TSP_MODEL, "--nodes", "0"], "--nodes: 0 is out of range; give a value ≥ 3"),
@@ -92,6 +98,11 @@ BAD = [
      "--save-tours: the directory /nonexistent-dir does not exist"),
     (["eval-tsp", "--checkpoint", "/nonexistent.pt"], "--checkpoint: /nonexistent.pt does not exist"),
     (["eval-tsp", "--checkpoint", TSP_STATE], "--checkpoint: " + TSP_STATE + " is a tsp-training-state checkpoint"),
+    (["eval-tsp", "--checkpoint", str(ROOT / "LICENSE")],
+     "--checkpoint: " + str(ROOT / "LICENSE") + " is not a PyTorch checkpoint (not a torch.save zip archive"),
+    (["eval-tsp", "--checkpoint", TSP_MODEL, "--device", "cuda"],      # the command's own parser says it
+     "python -m flashlab eval-tsp: error: unrecognized arguments: --device cuda (see python -m flashlab eval-tsp "
+     "--help)"),
     (["eval-tsp"], "the following arguments are required: --checkpoint"),
     (["export-tsp", "--checkpoint", TSP_MODEL, "--out", "/nonexistent-dir/am.pt"],
      "--out: the directory /nonexistent-dir does not exist"),
@@ -101,11 +112,14 @@ BAD = [
      "--checkpoint: " + TSP_MODEL + " is a tsp-model checkpoint"),
     ([], "the following arguments are required: command"),
     (["trian"], "invalid choice: 'trian'"),
-    (["train", "--n-head", "4"], "unrecognized arguments: --n-head"),                  # no abbreviations
+    (["train", "--n-head", "4"], "train: error: unrecognized arguments: --n-head"),    # no abbreviations
 ]
 if NO_GPU:
     BAD.append((["train", "--device", "cuda"], "--device: cuda was asked for but no CUDA GPU is visible"))
     BAD.append((["train-tsp", "--device", "cuda"], "--device: cuda was asked for but no CUDA GPU is visible"))
+    for command in ("train", "train-tsp"):              # --device auto, which finds no GPU
+        BAD.append(([command, "--compile", "reduce-overhead"], "--compile: reduce-overhead is GPU only, as it "
+                                                               "replays CUDA graphs, and no GPU was found"))
 
 
 def _run(argv, capsys):
@@ -325,3 +339,47 @@ def test_keep_checkpoints_prunes_the_oldest(tmp_path, capsys):
     assert main(["train", "--resume", str(out / "checkpoint_5.pt"), "--steps", "9", "--no-progress"]) == 0
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == [       # the setting came with the checkpoint
         "checkpoint_7.pt", "checkpoint_8.pt", "checkpoint_9.pt", "checkpoint_last.pt"]
+
+
+def test_a_refused_run_leaves_no_directory_behind(tmp_path, capsys):
+    """A learner trial: a resume refused for a node-count mismatch left its new --out-dir behind,
+    empty, although every option is checked before any work starts. The directory is made when
+    the run starts; one that cannot be made is still refused first."""
+    out = tmp_path / "runs" / "x"
+    code, captured = _run(["train-tsp", "--n-nodes", "20", "--resume", TSP_STATE, "--steps", "23600", "--out-dir",
+                           str(out)], capsys)
+    assert code == 2 and "n_nodes is 20 but the checkpoint has 50" in captured.err, captured.err
+    assert not (tmp_path / "runs").exists()
+    run = tmp_path / "lm"
+    assert main([*TINY_LM, "--steps", "1", "--out-dir", str(run)]) == 0
+    assert (run / "checkpoint_last.pt").exists()                          # made by a run that starts
+    code, captured = _run(["train", "--resume", str(run / "checkpoint_last.pt"), "--steps", "2", "--n-heads", "4",
+                           "--out-dir", str(out)], capsys)
+    assert code == 2 and "n_heads is 4 but the checkpoint has 2" in captured.err, captured.err
+    assert not (tmp_path / "runs").exists()
+    code, captured = _run([*TINY_LM, "--steps", "1", "--out-dir", str(run / "metrics.csv" / "sub")], capsys)
+    assert code == 2 and f"--out-dir: cannot write to {run / 'metrics.csv' / 'sub'}" in captured.err, captured.err
+
+
+def test_a_gpu_runs_cuda_graphs_are_not_taken_on_a_cpu_resume(tmp_path, capsys):
+    """--compile reduce-overhead is GPU only: resuming such a run on a CPU (the shipped TSP50
+    state) takes the machine's setting, as for --device, and says so; export-tsp rebuilds it on
+    the CPU and records how the run was compiled."""
+    from flashlab import checkpoint
+    from flashlab.tsp import load_model
+
+    out = tmp_path / "run"
+    assert main([*TINY_TSP, "--steps", "2", "--out-dir", str(out)]) == 0
+    last = out / "checkpoint_last.pt"
+    saved = checkpoint.load(last)                   # as if trained on a GPU with CUDA graphs
+    saved.config["run"]["compile"] = "reduce-overhead"
+    checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
+    capsys.readouterr()
+    assert main(["train-tsp", "--resume", str(last), "--steps", "3", "--device", "cpu", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert ("resume: changed from the checkpoint: compile reduce-overhead → off, as reduce-overhead replays CUDA "
+            "graphs and the device is cpu") in said and "steps 3," in said and "compiled" not in said, said
+    saved.config["run"]["compile"] = "reduce-overhead"
+    checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
+    assert main(["export-tsp", "--checkpoint", str(last), "--out", str(tmp_path / "am.pt")]) == 0
+    assert load_model(tmp_path / "am.pt")[1]["compile"] == "reduce-overhead"

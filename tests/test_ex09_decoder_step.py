@@ -105,5 +105,13 @@ def test_the_model_decodes_the_same_with_your_step(exercise, monkeypatch):
             q, k, v, visited))
         monkeypatch.setattr(tsp, "pointer_log_probs", exercise.pointer_log_probs)
         my_tours, my_log_p = model(coords)
-    assert torch.equal(my_tours, tours)
+    assert my_tours.shape == tours.shape, f"tours of shape {tuple(my_tours.shape)}, want {tuple(tours.shape)}"
+    differ = (my_tours != tours).nonzero()
+    if len(differ):
+        instance, step = min(differ.tolist(), key=lambda d: (d[1], d[0]))      # the earliest decoding step
+        pytest.fail(f"with your step the model's greedy tours differ from the package's, first at step {step} of "
+                    f"instance {instance}: yours went to city {my_tours[instance, step].item()}, the package's to "
+                    f"{tours[instance, step].item()}. That instance's tours: yours {my_tours[instance].tolist()}, "
+                    f"the package's {tours[instance].tolist()}. Look at the step's log-probabilities: a visited "
+                    f"city must get −inf, and greedy takes the largest.", pytrace=False)
     assert_close(my_log_p, log_p, dtype=torch.float32, what="tour log-probabilities")

@@ -59,10 +59,15 @@ def test_rows_with_no_key_give_zeros(exercise):
     lse_parts = torch.full((3, 2), -torch.inf, dtype=torch.float64)
     o_parts[1, 0], lse_parts[1, 0] = torch.arange(4.0, dtype=torch.float64), 0.7   # row 0: one split has keys
     o, lse = exercise.merge_splits(o_parts, lse_parts)
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
-    assert (o[1] == 0).all() and lse[1] == -torch.inf
+    nan_rows = (torch.isnan(o).any(-1) | torch.isnan(lse)).nonzero().flatten().tolist()
+    assert not nan_rows, (f"rows whose every split is empty must give O = 0 and L = −inf (got NaN in row(s) "
+                          f"{nan_rows}: O = {o.tolist()}, L = {lse.tolist()}); row 1 has no key in any split, so "
+                          f"m = max_s L_s = −inf and L_s − m = −inf − (−inf) = NaN: subtract 0 there instead of m, "
+                          f"and divide by 1 where the weights sum to 0")
+    assert (o[1] == 0).all() and lse[1] == -torch.inf, \
+        f"row 1 has no key in any split: want O = 0 and L = −inf, got O = {o[1].tolist()}, L = {lse[1].item()}"
     assert_close(o[0], torch.arange(4.0, dtype=torch.float64))
-    assert abs(lse[0].item() - 0.7) < 1e-12
+    assert abs(lse[0].item() - 0.7) < 1e-12, f"row 0's only keys are in split 1 (L = 0.7): got L = {lse[0].item()}"
     assert o.dtype == torch.float64
 
 

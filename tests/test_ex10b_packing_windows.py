@@ -38,6 +38,24 @@ def test_window_key_tiles_match_brute_force(exercise, left, right, q_len, k_len)
                                        f"block_n={block_n}: got {list(got)}, want {want}")
 
 
+def test_a_last_key_that_opens_a_tile_keeps_its_tile(exercise):
+    """The last key the rows see is the first key of a tile: an exclusive end without its + 1
+    stops just before that key and drops the whole tile (found only by q_len = k_len = 1 before)."""
+    for _ in range(20):
+        block_n = random.choice([8, 16, 32, 64])
+        tile = random.randrange(1, 6) * block_n            # the tile whose first key is the last one seen
+        right = random.choice([0, 1, random.randrange(0, block_n)])
+        last = tile - right                                  # row `last` sees keys up to last + right = tile
+        first = max(0, last - random.randrange(0, 16))
+        q_len = k_len = tile + random.randrange(1, 3 * block_n)
+        left = random.choice([-1, 0, random.randrange(1, 2 * block_n)])
+        want = _brute_force(first, last, q_len, k_len, left, right, block_n)
+        got = list(exercise.window_key_tiles(first, last, q_len, k_len, left, right, block_n))
+        assert tile in want and got == want, (
+            f"rows {first}..{last}, q_len = k_len = {k_len}, window=({left}, {right}), block_n={block_n}: the last key "
+            f"seen is {tile}, the first of tile {tile}; got {got}, want {want}: the exclusive end is last key + 1")
+
+
 def test_a_sliding_window_visits_a_constant_number_of_tiles(exercise):
     """The point of tile skipping: with a window of 256 keys the last query block of a 64k
     sequence visits a handful of tiles, not all 1024."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashlab.__main__ import main
-from flashlab.config import apply_changes
+from flashlab.config import ConfigError, apply_changes
 from flashlab.tsp import random_instances, tour_length
 from flashlab.tsp_train import KOOL_RUN, TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
 
@@ -138,6 +138,22 @@ def test_tsp_config_has_no_language_model_fields_and_resume_checks_the_task(tmp_
         TSPTrainer(*tiny(n_nodes=7, resume=str(tmp_path / "checkpoint_last.pt")))
 
 
+def test_cuda_graphs_are_refused_on_a_cpu(monkeypatch):
+    """A learner trial: --compile reduce-overhead --device cpu compiled for minutes, silently,
+    then replayed no CUDA graph. Refused at once, with --device cpu, and with auto on a machine
+    without a GPU; on a GPU (here: a pretended one) auto and cuda take it."""
+    with pytest.raises(ConfigError, match=r"^compile: reduce-overhead is GPU only, as it replays CUDA graphs, and "
+                                          r"the device is cpu; on a CPU give off, or default"):
+        TSPTrainer(*tiny(compile="reduce-overhead"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="^compile: .* no GPU was found, so device auto runs on the CPU"):
+        dataclasses.replace(RUN, device="auto", compile="reduce-overhead").check()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for device in ("auto", "cuda"):
+        dataclasses.replace(RUN, device=device, compile="reduce-overhead").check()
+    dataclasses.replace(RUN, device="cpu", compile="default").check()
+
+
 def test_compiled_training_steps_match_eager_ones(monkeypatch):
     """--compile: the training step goes through torch.compile and trains the same weights. The
     TSP model with flashlab attention (a boolean key mask in the decoder, sampling) is traced
@@ -153,12 +169,12 @@ def test_compiled_training_steps_match_eager_ones(monkeypatch):
     monkeypatch.setattr(torch, "compile", compile_whole)
     torch._dynamo.reset()
     histories = {}
-    for compile_mode in ("off", "reduce-overhead"):
+    for compile_mode in ("off", "default"):                # reduce-overhead is GPU only: refused on this CPU
         trainer = TSPTrainer(*tiny(n_nodes=5, steps=2, batch_size=4, eval_instances=8, attention="flashlab",
                                    compile=compile_mode))
         histories[compile_mode] = trainer.fit()
         assert (trainer.forward_model is trainer.model) == (compile_mode == "off")
-    assert modes == ["reduce-overhead"] and calls == [("sample",)] * 2, "each training step ran the compiled model"
-    for eager, compiled in zip(histories["off"], histories["reduce-overhead"]):
+    assert modes == [None] and calls == [("sample",)] * 2, "each training step ran the compiled model"
+    for eager, compiled in zip(histories["off"], histories["default"]):
         for key in ("loss", "tour_length", "grad_norm"):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-5, abs=1e-6), key
