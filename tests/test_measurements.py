@@ -59,3 +59,16 @@ def test_rl4co_step_runs_on_the_cpu(tmp_path):
     assert "error" not in row, row
     assert set(row["steps_per_s"]) == set(rl4co_step.VARIANTS) and all(r > 0 for r in row["steps_per_s"].values())
     assert 0 <= row["check"]["identical_tours"] <= 1
+
+
+def test_mixed_precision_memory_runs_small(tmp_path):
+    """measurements.mixed_precision_memory (notebook 08's memory breakdown) at a toy size: a
+    larger vocabulary costs more, and bf16-mixed needs less than 32-true with it."""
+    import json
+
+    from measurements import mixed_precision_memory
+    mixed_precision_memory.main([str(tmp_path), "--batch", "2", "--seq-len", "64", "--vocabs", "4096", "64"])
+    rows = json.loads((tmp_path / "mixed_precision_memory.json").read_text())["rows"]
+    peak = {(r["vocab_size"], r["precision"]): r["peak_bytes"] for r in rows}
+    assert peak[(4096, "32-true")] > peak[(64, "32-true")] and peak[(4096, "bf16-mixed")] > peak[(64, "bf16-mixed")]
+    assert peak[(4096, "bf16-mixed")] < peak[(4096, "32-true")]
