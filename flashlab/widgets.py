@@ -97,8 +97,18 @@ def block_size_report(onchip_kib: int, head_dim: int, seq_len: int, dtype=torch.
     lines += [f"  {name:>10}: {format_bytes(size)}" for name, size in on_chip.items()]
     lines.append(f"  Algorithm 1's budget (Q_i, K_j, V_j, O_i in the input dtype): {format_bytes(paper_budget)} ≤ M")
     lines.append(f"  on chip in all (fp32 O_i and S_ij included): {format_bytes(sum(on_chip.values()))}")
-    lines.append(f"HBM traffic of the forward, N = {seq_len:,}: tiled {format_bytes(tiled)}, "
-                 f"naive {format_bytes(naive)} ({naive / tiled:.1f}x more)")
+    traffic = f"HBM traffic of the forward, N = {seq_len:,}: tiled {format_bytes(tiled)}, naive {format_bytes(naive)}"
+    if tiled <= naive:
+        lines.append(f"{traffic} ({naive / tiled:.1f}x more)")   # naive moves that many times more
+    else:
+        # Each query block re-reads all of K and V: ⌈N/B_r⌉·2·N·d elements against naive's ≈ 4·N²,
+        # so tiling only saves bytes once B_r ≳ d/2, i.e. M ≳ 2·d²·(bytes per element).
+        passes = -(-seq_len // block_m)
+        lines.append(f"{traffic} (tiled moves {tiled / naive:.1f}x MORE than naive)")
+        lines.append(f"  with M this small and d this large the tiles are too small: each of the {passes:,} "
+                     f"query blocks re-reads all of K and V, and with block_m = {block_m} below about "
+                     f"d/2 = {head_dim // 2} that is more than naive's N × N matrices; tiling pays off "
+                     f"from about M = {format_bytes(2 * head_dim * head_dim * b)} at this d")
     return "\n".join(lines)
 
 

@@ -24,7 +24,9 @@ def test_update_streams_to_the_exact_statistics(exercise, cols, block):
 
 def _state(x):
     """The exact state (m, l) of the columns x, built here in float64 (not with your
-    `update`, so a correct `merge` passes even while `update` is wrong)."""
+    `update`, so a correct `merge` passes even while `update` is wrong). No columns: the empty state."""
+    if x.shape[-1] == 0:
+        return torch.full(x.shape[:-1], -torch.inf, dtype=x.dtype), torch.zeros(x.shape[:-1], dtype=x.dtype)
     m = x.amax(-1)
     shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     return m, torch.exp(x - shift[..., None]).sum(-1)
@@ -45,14 +47,40 @@ def test_merge_of_any_split_is_the_whole(exercise):
     assert_close(swapped[1], direct[1], what="l")
 
 
+def _nan_rows(*tensors):
+    """Indices of the rows where any of the tensors holds NaN."""
+    return torch.stack([t.isnan() for t in tensors]).any(0).nonzero().flatten().tolist()
+
+
 def test_merge_with_an_empty_or_masked_part(exercise):
-    """Merging with the empty state changes nothing; a part whose columns are all −inf is empty."""
+    """Merging with the empty state changes nothing; a part whose columns are all −inf (a key
+    block fully masked for those rows) is empty too: merging it gives the other part, and a row
+    masked in both parts stays empty (m = −inf, l = 0), with no NaN."""
     x = torch.randn(3, 10, dtype=torch.float64)
     m, l = _state(x)  # noqa: E741
     empty = (torch.full((3,), -torch.inf, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
     for got in (exercise.merge(m, l, *empty), exercise.merge(*empty, m, l)):
         assert_close(got[0], m, what="m")
         assert_close(got[1], l, what="l")
+    x[2] = -torch.inf                        # row 2 masked in the first part as well
+    m, l = _state(x)  # noqa: E741
+    block = torch.randn(3, 6, dtype=torch.float64)
+    block[[0, 2]] = -torch.inf               # rows 0 and 2 of this block fully masked, row 1 not
+    masked = _state(block)
+    whole_m, whole_l = _state(torch.cat([x, block], -1))
+    for order, got in (("merge(a, masked)", exercise.merge(m, l, *masked)),
+                       ("merge(masked, a)", exercise.merge(*masked, m, l))):
+        bad = _nan_rows(*got)
+        assert not bad, (
+            f"{order}: NaN in rows {bad} (m = {got[0].tolist()}, l = {got[1].tolist()}); row 2 is −inf in "
+            "both parts, so m = max(m_a, m_b) = −inf and exp(m_a − m) = exp(−inf − (−inf)) = NaN. Where m "
+            "is −inf, subtract 0 instead of m (exp(−inf − 0) = 0): a row masked in both stays m = −inf, l = 0")
+        assert_close(got[0][:2], whole_m[:2], what=f"{order}: m of rows 0-1")
+        assert_close(got[1][:2], whole_l[:2], what=f"{order}: l of rows 0-1")
+        assert_close(got[1][0], l[0], what=f"{order}: l of row 0 (the masked part adds nothing)")
+        assert got[0][2] == -torch.inf and got[1][2] == 0, (
+            f"{order}: a row masked in both parts should stay empty (m = −inf, l = 0); "
+            f"got m = {got[0][2].item()}, l = {got[1][2].item()}")
 
 
 def test_minus_infinity_and_empty_rows(exercise):
@@ -60,9 +88,17 @@ def test_minus_infinity_and_empty_rows(exercise):
     x[0, :5] = -torch.inf            # the first block of row 0 is fully masked
     x[1] = -torch.inf                # row 1 is entirely masked
     m, l = _stream(exercise, x, 5)  # noqa: E741
-    assert not torch.isnan(m).any() and not torch.isnan(l).any()
-    assert m[1] == -torch.inf and l[1] == 0
-    assert_close(m[[0, 2]] + torch.log(l[[0, 2]]), torch.logsumexp(x[[0, 2]], -1))
+    bad = _nan_rows(m, l)
+    assert not bad, (
+        f"update gave NaN in rows {bad} (m = {m.tolist()}, l = {l.tolist()}), streaming blocks of 5 columns "
+        "where row 0's first block and all of row 1 are −inf. While every value seen so far is −inf, "
+        "m' = −inf and exp(block − m') = exp(−inf − (−inf)) = NaN (l·exp(m − m') too). Where m' is −inf, "
+        "subtract 0 instead of m' (exp(−inf − 0) = 0), so those rows stay m = −inf, l = 0")
+    assert m[1] == -torch.inf and l[1] == 0, (
+        f"row 1 is all −inf: expected the empty state m = −inf, l = 0; got m = {m[1].item()}, l = {l[1].item()}")
+    assert_close(m[[0, 2]] + torch.log(l[[0, 2]]), torch.logsumexp(x[[0, 2]], -1), what="log-sum-exp of rows 0, 2")
     empty = (torch.tensor([-torch.inf], dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
     m2, l2 = exercise.merge(*empty, *empty)
-    assert m2.item() == -torch.inf and l2.item() == 0
+    assert m2.item() == -torch.inf and l2.item() == 0, (
+        f"merging two empty states should give the empty state m = −inf, l = 0; got m = {m2.item()}, "
+        f"l = {l2.item()}. With m = max(m_a, m_b) = −inf, exp(m_a − m) is NaN: where m is −inf, subtract 0")

@@ -31,6 +31,46 @@ def test_gradients_match_reference(exercise, Nq, Nk, D, is_causal):
         assert_close(got, want, what=f"d{name}")
 
 
+# (Nq, Nk, block_m, block_n), causal: where the diagonal cuts the tiles
+CAUSAL_TILINGS = [
+    (40, 40, 16, 8),     # block_n < block_m: the diagonal crosses two key tiles of every query block
+    (40, 40, 12, 16),    # key tiles start in the middle of query blocks
+    (30, 30, 8, 7),      # a key tile starts on a query block's last row (one entry on the diagonal)
+    (37, 23, 12, 11),    # the same with Nq > Nk
+    (23, 37, 12, 11),    # and with Nq < Nk
+    (21, 30, 8, 10),     # the last query block is cut short (5 rows) and a key tile starts on its last row
+    (33, 33, 16, 16),    # equal blocks: a 1-row last query block whose only visible tile is on the diagonal
+]
+
+
+@pytest.mark.parametrize("Nq,Nk,block_m,block_n", CAUSAL_TILINGS)
+def test_causal_tiles_cut_by_the_diagonal_are_computed(exercise, Nq, Nk, block_m, block_n):
+    """Causal: skip a tile only when it lies wholly above the diagonal (its first key comes after
+    the query block's last row); a tile the diagonal cuts, even at one corner, is computed and
+    masked. Block sizes chosen so the diagonal cuts tiles at different offsets."""
+    q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64) for n in (Nq, Nk, Nk))
+    grad_out = torch.randn(1, 2, Nq, 8, dtype=torch.float64)
+    out, lse = _forward(q, k, v, False)      # first without causal: these tilings must work at all
+    grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, block_m=block_m, block_n=block_n)
+    for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out)):
+        assert got.dtype == torch.float64, f"d{name} is {got.dtype}: return gradients in the dtypes of q, k, v"
+        assert_close(got, want, dtype=torch.float64,
+                     what=f"d{name} (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
+    out, lse = _forward(q, k, v, True)
+    grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=True,
+                                              block_m=block_m, block_n=block_n)
+    for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=True)):
+        close = torch.isclose(got, want.to(got.dtype), rtol=1e-9, atol=1e-9 * want.abs().max().item())  # NaN: not close
+        rows = (~close).any(-1).flatten(0, -2).any(0).nonzero().flatten().tolist()
+        axis = "query" if name == "q" else "key"
+        assert not rows, (
+            f"d{name}: {axis} rows {rows} differ from the float64 reference (causal, Nq={Nq}, Nk={Nk}, "
+            f"block_m={block_m}, block_n={block_n}). Skip a tile only when it lies wholly above the diagonal: its "
+            "first key j comes after the query block's last row i + rows − 1 (rows = that block's real height, which "
+            "the last block may cut short). A tile the diagonal cuts, even at one corner, must be computed with "
+            "the mask kj > qi")
+
+
 def test_never_forms_the_score_matrix(exercise):
     q, k, v = (torch.randn(1, 2, 300, 16) for _ in range(3))
     out, lse = _forward(q, k, v, False)

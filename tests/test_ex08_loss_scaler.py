@@ -7,32 +7,70 @@ def test_scale_and_unscale(exercise):
     w = torch.nn.Parameter(torch.randn(5))
     loss = (w * 3).sum()
     exercise.scale_loss(loss, 1024.0).backward()
-    assert torch.allclose(w.grad, torch.full((5,), 3 * 1024.0))
-    assert exercise.unscale_grads_([w, torch.nn.Parameter(torch.zeros(2))], 1024.0) is False
-    assert torch.allclose(w.grad, torch.full((5,), 3.0))
-    w.grad[2] = float("inf")
-    assert exercise.unscale_grads_([w], 2.0) is True
-    w.grad[2] = float("nan")
-    assert exercise.unscale_grads_([w], 2.0) is True
+    assert torch.allclose(w.grad, torch.full((5,), 3 * 1024.0)), (
+        f"d(loss · 1024)/dw should be 3 · 1024 = 3072 everywhere; got {w.grad.tolist()} "
+        "(scale_loss returns loss · scale)")
+    found = exercise.unscale_grads_([w, torch.nn.Parameter(torch.zeros(2))], 1024.0)
+    assert found is False, (f"finite gradients (and a parameter whose grad is None): unscale_grads_ should return "
+                            f"False; got {found!r}")
+    assert torch.allclose(w.grad, torch.full((5,), 3.0)), (
+        f"after unscale_grads_(…, 1024) the gradient should be 3072 / 1024 = 3; got {w.grad.tolist()} "
+        "(divide by the scale, in place)")
+    for bad in ("inf", "nan"):
+        w.grad[2] = float(bad)
+        found = exercise.unscale_grads_([w], 2.0)
+        assert found is True, (f"a gradient holding {bad} must be reported (return True, the step is skipped); got "
+                               f"{found!r}" + (" (torch.isinf misses NaN: torch.isfinite catches both)"
+                                               if bad == "nan" else ""))
 
 
-def test_scale_sequence_matches_grad_scaler(exercise):
-    """The same pattern of overflowing steps gives GradScaler's scale sequence."""
-    pattern = [False, False, True, False, False, False, False, True, True, False, False, False]
-    reference = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+def _changes(scales, start):
+    """1-based steps at which the scale grew, and at which it shrank."""
+    before = [start, *scales[:-1]]
+    return ([i + 1 for i, (a, b) in enumerate(zip(before, scales)) if b > a],
+            [i + 1 for i, (a, b) in enumerate(zip(before, scales)) if b < a])
+
+
+def _compare_with_grad_scaler(exercise, pattern, growth_interval):
+    init = 2.0**10
+    reference = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=growth_interval)
     w = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([w], lr=0.0)
-    scale, tracker, mine, theirs = 2.0**10, 0, [], []
+    scale, tracker, mine, theirs = init, 0, [], []
     for overflow in pattern:
         loss = w.sum() * (float("inf") if overflow else 1.0)
         reference.scale(loss).backward()
         reference.step(opt)
         reference.update()
         opt.zero_grad()
-        scale, tracker = exercise.update_scale(scale, tracker, overflow, growth_interval=3)
+        scale, tracker = exercise.update_scale(scale, tracker, overflow, growth_interval=growth_interval)
         mine.append(scale)
         theirs.append(reference.get_scale())
-    assert mine == theirs
+    if mine == theirs:
+        return
+    step = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b) + 1
+    (grew, shrank), (want_grew, want_shrank) = _changes(mine, init), _changes(theirs, init)
+    overflows = [i + 1 for i, o in enumerate(pattern) if o]
+    hint = ""
+    if grew != want_grew:
+        hint = (f" After {growth_interval} clean steps in a row (growth_interval={growth_interval}, the count "
+                f"restarting at 0 after every overflow and every growth) the scale should grow x2 at steps "
+                f"{want_grew}; yours grew at steps {grew}.")
+    if shrank != want_shrank:
+        hint += (f" Every overflow should halve the scale, at steps {want_shrank}; yours shrank at steps {shrank}.")
+    raise AssertionError(
+        f"update_scale differs from torch.amp.GradScaler from step {step} on (steps counted from 1): expected "
+        f"scale {theirs[step - 1]}, got {mine[step - 1]}.{hint}\n  overflow at steps {overflows} of "
+        f"{len(pattern)}, starting from scale {init}\n  GradScaler's scales: {theirs}\n  yours:               {mine}")
+
+
+def test_scale_sequence_matches_grad_scaler(exercise):
+    """The same pattern of overflowing steps gives GradScaler's scale sequence: a fixed pattern
+    with growth and back-to-back overflows, then a random one with a random growth_interval."""
+    _compare_with_grad_scaler(exercise, [False, False, True, False, False, False, False, True, True, False,
+                                         False, False], growth_interval=3)
+    growth_interval = int(torch.randint(2, 5, ()))
+    _compare_with_grad_scaler(exercise, (torch.rand(20) < 0.2).tolist(), growth_interval)
 
 
 def test_scaled_step_skips_on_overflow_and_keeps_small_gradients(exercise):
@@ -44,10 +82,25 @@ def test_scaled_step_skips_on_overflow_and_keeps_small_gradients(exercise):
     opt = torch.optim.SGD([w], lr=1e4)
     state = {"scale": 2.0**14, "growth_tracker": 0}
     stepped = exercise.scaled_step((w.half() * 1e-8).sum(), [w], opt, state)
-    assert stepped and state["growth_tracker"] == 1
-    torch.testing.assert_close(w.detach(), torch.full((4,), 1 - 1e-4), rtol=0, atol=1e-6)  # w − lr · 1e-8
+    assert stepped is True, (
+        f"step 1's gradients are finite (1e-8 · 2^14 ≈ 1.6e-4 in fp16): scaled_step should step the optimizer and "
+        f"return True; it returned {stepped!r}")
+    assert state["growth_tracker"] == 1, (
+        f"after one clean step growth_tracker should be 1 (state updated in place); got {state['growth_tracker']}")
+    torch.testing.assert_close(w.detach(), torch.full((4,), 1 - 1e-4), rtol=0, atol=1e-6,
+                               msg=lambda m: "step 1 should move w by lr · 1e-8 = 1e-4 (gradients unscaled "
+                                             f"before the step, not flushed to zero):\n{m}")
     before = w.detach().clone()
     overflow = (w.half() * 1e4).sum()          # its gradient 1e4 · 2^14 overflows fp16's 65504
-    assert exercise.scaled_step(overflow, [w], opt, state) is False
-    assert torch.equal(w.detach(), before) and state["scale"] == 2.0**13 and state["growth_tracker"] == 0
-    assert w.grad is None or torch.all(w.grad == 0), "gradients are cleared after a skipped step"
+    stepped = exercise.scaled_step(overflow, [w], opt, state)
+    moved = not torch.equal(w.detach(), before)
+    assert stepped is False and not moved, (
+        "step 2 had an inf gradient (1e4 · scale 2^14 overflows fp16's 65504): the optimizer must not step "
+        "(when unscale_grads_ finds inf/NaN, skip optimizer.step() and return False); "
+        f"yours returned {stepped!r}" + (f" and changed w from {before.tolist()} to {w.detach().tolist()}"
+                                          if moved else " (w unchanged)"))
+    assert state["scale"] == 2.0**13 and state["growth_tracker"] == 0, (
+        f"after the skipped step 2 the scale should halve to 2^13 = {2.0**13} and growth_tracker restart at 0; "
+        f"got scale {state['scale']}, growth_tracker {state['growth_tracker']}")
+    assert w.grad is None or torch.all(w.grad == 0), (
+        f"gradients are cleared after a skipped step (zero_grad); w.grad is {w.grad.tolist()}")

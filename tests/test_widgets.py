@@ -25,6 +25,36 @@ def test_block_size_report_states_blocks_and_traffic():
     assert "block_m (B_r) = 64, block_n (B_c) = 192" in text and "naive" in text
 
 
+def test_block_size_report_says_which_moves_more_both_ways():
+    """Tiled moves fewer bytes than naive for a usual M and d, and more when M is small and
+    d large (tiny tiles: K and V re-read N/block_m times); the ratio printed is never below 1."""
+    import re
+
+    from flashlab.traffic import blocks_for_onchip_memory, naive_attention_traffic, tiled_forward_traffic
+
+    normal = block_size_report(96, 64, 4096).splitlines()[-1]
+    assert normal == "HBM traffic of the forward, N = 4,096: tiled 65.02 MiB, naive 131.00 MiB (2.0x more)", (
+        f"the usual case (notebook 03's saved output) changed: {normal!r}")
+    inverted = block_size_report(16, 256, 65536)
+    assert "tiled 512.06 GiB, naive 32.19 GiB (tiled moves 15.9x MORE than naive)" in inverted, (
+        f"M = 16 KiB, d = 256: tiled moves 15.9x more bytes than naive and should say so; got:\n{inverted}")
+    assert "tiles are too small" in inverted and "block_m = 8 below about d/2 = 128" in inverted, inverted
+    for _ in range(20):                       # random settings of notebook 03's sliders (seeded by conftest)
+        onchip_kib = 16 + 4 * int(torch.randint(0, 54, ()))                  # 16 .. 228 KiB
+        head_dim = 2 ** int(torch.randint(4, 9, ()))                          # 16 .. 256
+        seq_len = 2 ** int(torch.randint(8, 17, ()))                          # 256 .. 65,536
+        text = block_size_report(onchip_kib, head_dim, seq_len)
+        block_m, block_n = blocks_for_onchip_memory(onchip_kib * 1024, head_dim)
+        tiled = sum(tiled_forward_traffic(1, 1, seq_len, head_dim, block_m=block_m, block_n=block_n).values())
+        naive = sum(s.total for s in naive_attention_traffic(1, 1, seq_len, head_dim))
+        want = (f"(tiled moves {tiled / naive:.1f}x MORE than naive)" if tiled > naive
+                else f"({naive / tiled:.1f}x more)")
+        assert want in text, (f"M = {onchip_kib} KiB, d = {head_dim}, N = {seq_len}: tiled {tiled:,} B, naive "
+                              f"{naive:,} B, so expected {want!r} in:\n{text}")
+        ratios = [float(r) for r in re.findall(r"(\d+\.\d)x", text)]
+        assert all(r >= 1.0 for r in ratios), f"a ratio below 1 ({ratios}) reads inverted:\n{text}"
+
+
 def test_decoder_trace_and_step_figure():
     from flashlab.model import ATTENTION
     from flashlab.tsp import AttentionModel, random_instances
