@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 
-# (exercise, the wrong answer in words, text of the reference answer, what replaces it)
+# (exercise, the wrong answer in words, text of the reference answer, what replaces it); a
+# mutant that changes several places gives tuples of texts and their replacements, in pairs
 MUTANTS = [
     ("ex00_vector_add", "grid of n // block programs (the ragged tail is never written)",
      "(triton.cdiv(n, block),)", "(max(1, n // block),)"),
@@ -72,6 +73,9 @@ MUTANTS = [
     ("ex05_flash_forward", "no running max (e^S overflows)", "m_new = tl.maximum(m_i, tl.max(s, 1))",
      "m_new = tl.zeros([BLOCK_M], tl.float32)"),
     ("ex05_flash_forward", "lse in log base 2", "m_i + tl.log(l_i)", "m_i + tl.log2(l_i)"),
+    ("ex05_flash_forward", "lse in the kernel's base-2 units (L·log2 e)", "m_i + tl.log(l_i))",
+     "(m_i + tl.log(l_i)) * 1.4426950408889634)"),
+    ("ex05_flash_forward", "lse without the running max (log l)", "m_i + tl.log(l_i))", "tl.log(l_i))"),
     ("ex05_flash_forward", "accumulator not rescaled", "acc = acc * alpha[:, None] +", "acc = acc +"),
     ("ex05_flash_forward", "scale ignored", "scale = 1.0 / math.sqrt(D) if scale is None else scale",
      "scale = 1.0 / math.sqrt(D)"),
@@ -85,6 +89,20 @@ MUTANTS = [
      "cols[None, :] < offs_m[:, None]"),
     ("ex06_flash_backward", "dK not multiplied by the scale", "(dk * scale).to(DK.dtype.element_ty)",
      "dk.to(DK.dtype.element_ty)"),
+    ("ex06_flash_backward", "dS sign flipped, P ∘ (D − dP) (both passes)", "ds = p * (dp - delta[:, None])",
+     "ds = p * (delta[:, None] - dp)"),
+    ("ex06_flash_backward", "dQ by atomic adds in the dK/dV pass, dq_kernel never launched",
+     ("def dkdv_kernel(Q, K, V, DO, L, DELTA, DK, DV, n_q,",
+      "        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)             # dK_j += dSᵀ Q_i\n",
+      "    dq, dk, dv = torch.empty_like(q),",
+      "dk, dv, n_q, n_k, scale, **meta)\n    kernel_for(dq_kernel, q.device)[(triton.cdiv(n_q, BLOCK), B * H)](\n"
+      "        q, k, v, grad_out, lse, delta, dq, n_q, n_k, scale, **meta)\n    return dq, dk, dv"),
+     ("def dkdv_kernel(Q, K, V, DO, L, DELTA, DK, DV, DQ, n_q,",
+      "        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)             # dK_j += dSᵀ Q_i\n"
+      "        tl.atomic_add(DQ + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :],\n"
+      "                      tl.dot(ds.to(k.dtype), k) * scale, mask=(offs_m < n_q)[:, None])\n",
+      "    dq, dk, dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device),",
+      "dk, dv, dq, n_q, n_k, scale, **meta)\n    return dq.to(q.dtype), dk, dv")),
     ("ex06_flash_backward", "dS without D_i (both passes)", "ds = p * (dp - delta[:, None])", "ds = p * dp"),
     ("ex06_flash_backward", "dK/dV pass visits every query block (causal)",
      "lo = (start_n // BLOCK_M) * BLOCK_M", "lo = 0"),
@@ -173,10 +191,14 @@ def main(only: list[str]) -> int:
                 problems.append(f"{exercise}: the reference answer fails {failed}")
             print(f"{exercise}: reference answer {'passes' if rc == 0 else 'FAILS'} ({seconds:.0f} s)", flush=True)
             for _, wrong, old, new in (m for m in chosen if m[0] == exercise):
-                if old not in answer:
+                pairs = list(zip(old, new)) if isinstance(old, tuple) else [(old, new)]
+                if any(o not in answer for o, _ in pairs):
                     problems.append(f"{exercise}: mutant '{wrong}' does not apply")
                     continue
-                target.write_text(answer.replace(old, new))
+                mutated = answer
+                for o, n in pairs:
+                    mutated = mutated.replace(o, n)
+                target.write_text(mutated)
                 rc, failed, seconds = _run(repo, exercise)
                 caught = ", ".join(f"`{f}`" for f in failed) if failed else (
                     "**not caught**" if rc == 0 else f"the test process dies (exit {rc})")

@@ -1,17 +1,43 @@
 """Tests for exercise 06 (backward kernels: dK/dV pass and dQ pass). The forward's O and
 log-sum-exp come from the float64 reference, so this exercise does not depend on 05."""
 
+import inspect
+import io
+import math
+import tokenize
+
 import pytest
 import torch
 
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention, reference_gradients
-from flashlab.reference import reference_logsumexp
+from flashlab.reference import reference_logsumexp, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU goes through TF32 tensor cores; the backward chains three TF32 products
 # (dP, dS·K, dSᵀ·Q), measured up to 3.1e-3 on an H200, so it gets 1e-2 there.
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
+
+
+def _hint(what: str, err: float, head_dim: int) -> str:
+    """A hint naming the mistake when the relative error of d{q,k,v} matches its signature
+    (within 1%): a sign flip gives exactly 2, a missing scale 1/√D gives exactly √D − 1."""
+    signatures = []
+    if what in ("dq", "dk"):
+        signatures.append((2.0, "dS = P ∘ (dP − D), not (D − dP)"))
+        signatures.append((math.sqrt(head_dim) - 1, "dK = scale · dSᵀ Q (and dQ = scale · dS K)"))
+    for expected, hint in signatures:
+        if math.isfinite(err) and abs(err - expected) <= 0.01 * expected:
+            return f"\nhint: {hint}"
+    return ""
+
+
+def _check(got, want, tol, what):
+    """assert_close, with a hint when the error has the signature of a known mistake."""
+    try:
+        assert_close(got, want, tol=tol, what=what)
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_hint(what, rel_error(got, want), got.shape[-1])}") from None
 
 
 def _forward(q, k, v, is_causal):
@@ -31,7 +57,7 @@ def test_gradients_match_float64(exercise, Nq, Nk, D, is_causal, dtype):
     grads = exercise.flash_backward(q, k, v, out, lse, grad_out, is_causal=is_causal)
     for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=is_causal)):
         assert got.shape == want.shape and got.dtype == dtype, f"d{name}: shape or dtype"
-        assert_close(got, want, tol=TOL[dtype], what=f"d{name}")
+        _check(got, want, TOL[dtype], f"d{name}")
 
 
 def test_deterministic(exercise):
@@ -55,6 +81,59 @@ def test_causal_skips_tiles_above_the_diagonal(exercise):
         "the dK/dV pass visited query blocks that cannot see its keys"
     assert (dk[:, :, 40:] == 0).all() and (dv[:, :, 40:] == 0).all(), "keys no query sees get zero gradient"
     want = reference_gradients(q, k[:, :, :40], v[:, :, :40], grad_out, is_causal=True)
-    assert_close(dq, want[0], tol=TOL[torch.float32], what="dq")
-    assert_close(dk[:, :, :40], want[1], tol=TOL[torch.float32], what="dk")
-    assert_close(dv[:, :, :40], want[2], tol=TOL[torch.float32], what="dv")
+    _check(dq, want[0], TOL[torch.float32], "dq")
+    _check(dk[:, :, :40], want[1], TOL[torch.float32], "dk")
+    _check(dv[:, :, :40], want[2], TOL[torch.float32], "dv")
+
+
+class _LaunchRecorder:
+    """Stands in for a kernel: records each ``kernel[grid](…)`` launch, then launches it."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def record(*args, **kwargs):
+            self.launched.append(self.name)
+            return launch(*args, **kwargs)
+        return record
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(*args, **kwargs)
+
+    def __getattr__(self, name):          # .fn, .src, …: as the kernel has them
+        return getattr(self.kernel, name)
+
+
+def test_launches_both_kernels(exercise, monkeypatch):
+    """Two passes, dK/dV then dQ, so that each output tile has exactly one writer."""
+    launched = []
+    for name in ("dkdv_kernel", "dq_kernel"):
+        monkeypatch.setattr(exercise, name, _LaunchRecorder(getattr(exercise, name), name, launched))
+    q, k, v, grad_out = (torch.randn(1, 2, 40, 16, device=DEVICE) for _ in range(4))
+    out, lse = _forward(q, k, v, False)
+    exercise.flash_backward(q, k, v, out, lse, grad_out)
+    for name in ("dkdv_kernel", "dq_kernel"):
+        assert name in launched, (
+            f"flash_backward never launched `{name}` (launched: {launched or 'nothing'}). The backward is "
+            "two passes: dkdv_kernel writes each dK/dV tile from one program, dq_kernel each dQ tile from "
+            "one program. Accumulating dQ inside the dK/dV pass needs atomics, whose result on a GPU "
+            "depends on the order the programs finish (not deterministic).")
+
+
+def test_kernels_use_no_atomics(exercise):
+    """Atomics look deterministic in Triton's interpreter, which runs one program at a time,
+    so only the source can show them."""
+    q, k, v, grad_out = (torch.randn(1, 1, 8, 16, device=DEVICE) for _ in range(4))
+    exercise.flash_backward(q, k, v, *_forward(q, k, v, False), grad_out)   # a stub is "not started"
+    source = inspect.getsource(exercise)
+    atomics = [(token.string, token.start[0]) for token in tokenize.generate_tokens(io.StringIO(source).readline)
+               if token.type == tokenize.NAME and token.string.startswith("atomic_")]
+    assert not atomics, (
+        f"{exercise.__name__} uses {', '.join(f'{name} (line {line})' for name, line in atomics)}. "
+        "On a GPU, atomic adds of dQ terms make dQ's rounding depend on the order the programs finish "
+        "(float addition is not associative), so two runs differ; Triton's interpreter runs programs "
+        "one after another and cannot show it. Write dQ in its own pass, `dq_kernel`, one program "
+        "per query block.")
