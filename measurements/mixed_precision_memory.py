@@ -8,10 +8,11 @@ is left is the rest of the model.
     PYTHONPATH=. python -m measurements.mixed_precision_memory OUT_DIR [--vocabs 8192 256]
 
 Measured on a CPU (`flashlab.measure_peak_memory`: the peak of live tensor bytes from PyTorch's
-allocator events) with SDPA attention, after one step so that AdamW's state exists: the same
-tensors a GPU step allocates (on the H200, with flashlab attention, `results/h200/train.json`
-recorded 7.66 GiB and 5.78 GiB for the two modes; this CPU gives 8.13 and 5.88). About a minute
-per step on two cores. Writes OUT_DIR/mixed_precision_memory.json.
+allocator events) of the trainer's own step (`Trainer.train_step`, the task MQAR as on the H200;
+fewer key-value pairs with the small vocabulary, which changes no tensor's size) with SDPA
+attention, after one step so that AdamW's state exists: the same tensors a GPU step allocates
+(on the H200, with flashlab attention, `results/h200/train.json` recorded 7.66 GiB and 5.78 GiB
+for the two modes). About a minute per step on two cores. Writes OUT_DIR/mixed_precision_memory.json.
 """
 
 from __future__ import annotations
@@ -23,30 +24,19 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from flashlab import measure_peak_memory
-from flashlab.model import CausalTransformer
 from flashlab.recorded import environment
+from flashlab.train import RecallConfig, RunConfig, Trainer
 
 
-def step_peak(vocab: int, mixed: bool, batch: int, seq_len: int) -> int:
-    torch.manual_seed(0)
-    model = CausalTransformer(vocab, seq_len, 512, 4, 8, attention="sdpa")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, vocab, (batch, seq_len))
-    targets = torch.randint(0, vocab, (batch, seq_len))
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
-            logits = model(tokens)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())   # as flashlab.train does
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()                                        # AdamW's moments exist from here on, as in training
-    return measure_peak_memory(step, "cpu").peak_bytes
+def step_peak(vocab: int, precision: str, batch: int, seq_len: int) -> int:
+    """Peak bytes of one `flashlab.train.Trainer.train_step` (the second: AdamW's moments exist)."""
+    task = RecallConfig(seq_len=seq_len, num_pairs=min(512, seq_len // 8, vocab // 4), vocab_size=vocab, d_model=512,
+                        n_layers=4, n_heads=8, attention="sdpa")
+    trainer = Trainer(task, RunConfig(batch_size=batch, steps=2, precision=precision, device="cpu", progress=False))
+    trainer.train_step()
+    return measure_peak_memory(trainer.train_step, "cpu").peak_bytes
 
 
 def main(argv=None):
@@ -58,10 +48,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows = []
     for vocab in args.vocabs:
-        for mixed in (False, True):
+        for precision in ("32-true", "bf16-mixed"):
             start = time.perf_counter()
-            peak = step_peak(vocab, mixed, args.batch, args.seq_len)
-            rows.append({"vocab_size": vocab, "precision": "bf16-mixed" if mixed else "32-true", "peak_bytes": peak})
+            peak = step_peak(vocab, precision, args.batch, args.seq_len)
+            rows.append({"vocab_size": vocab, "precision": precision, "peak_bytes": peak})
             print(f"vocabulary {vocab:>5}, {rows[-1]['precision']:>10}: peak {peak / 2**30:.2f} GiB "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
     record = {"environment": {**environment(), "gpu": f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"},

@@ -43,14 +43,14 @@ VARIANTS = ("sdpa", "flashlab", "flashlab_encoder")
 
 
 def environment() -> dict:
+    """`flashlab.recorded.environment`, with the routing library's versions."""
     import rl4co
     import tensordict
     import torchrl
-    import triton
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "torch": torch.__version__, "triton": triton.__version__, "rl4co": rl4co.__version__,
-            "torchrl": torchrl.__version__, "tensordict": tensordict.__version__,
-            "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d")}
+
+    from flashlab.recorded import environment as flashlab_environment
+    return {**flashlab_environment(), "rl4co": rl4co.__version__, "torchrl": torchrl.__version__,
+            "tensordict": tensordict.__version__}
 
 
 def make_policy(variant: str, embed_dim: int, heads: int, layers: int):

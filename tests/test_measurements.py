@@ -67,7 +67,7 @@ def test_mixed_precision_memory_runs_small(tmp_path):
     import json
 
     from measurements import mixed_precision_memory
-    mixed_precision_memory.main([str(tmp_path), "--batch", "2", "--seq-len", "64", "--vocabs", "4096", "64"])
+    mixed_precision_memory.main([str(tmp_path), "--batch", "2", "--seq-len", "512", "--vocabs", "4096", "64"])
     rows = json.loads((tmp_path / "mixed_precision_memory.json").read_text())["rows"]
     peak = {(r["vocab_size"], r["precision"]): r["peak_bytes"] for r in rows}
     assert peak[(4096, "32-true")] > peak[(64, "32-true")] and peak[(4096, "bf16-mixed")] > peak[(64, "bf16-mixed")]
