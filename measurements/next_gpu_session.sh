@@ -224,6 +224,13 @@ elif [ "$phase" = rl4co ]; then
     > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
   PYTHONPATH=".:/tmp/site" timeout 420 python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
   grep -v Warning "$out/rl4co_step.log" | tail -n 8
+elif [ "$phase" = rl4co-and-suite ]; then
+  # 2026-12-05: budget for at most three calls after refusals: RL4CO's step, then the GPU suite for the rest
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
+  PYTHONPATH=".:/tmp/site" timeout 300 python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
+  grep -v Warning "$out/rl4co_step.log" | tail -n 8
+  gpu_suite 230
 elif [ "$phase" = suite-and-choices ]; then
   gpu_suite 330
   timeout 200 python -m measurements.small_graphs "$out" --sections choices --choice-d 32 64 --budget-s 170 \
