@@ -222,7 +222,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             sequence b's tokens 0..page_size−1, page_size..2·page_size−1, … (entries past the
             sequence's last page are not read).
         num_splits: key ranges per cache (split-KV); None (or 0, FlashAttention's spelling) picks one
-            by `choose_num_splits`.
+            by `choose_num_splits`. At most one per key tile is used: a larger number gives the same
+            result with the empty splits left out.
         scale: default 1/sqrt(D).
         causal: query i is the token at position cache_seqlens − seqlen_q + i and sees keys up to
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
@@ -273,6 +274,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
+    else:
+        # more splits than key tiles only adds empty programs and partial rows the merge reads back
+        # (num_splits=10**6 asked for gigabytes): keep the splits that get a tile, as the heuristic does
+        tiles = _cdiv(max(1, capacity), meta["BLOCK_N"])
+        num_splits = _cdiv(tiles, _cdiv(tiles, min(num_splits, tiles)))
     seqlens = cache_seqlens.to(torch.int32)
     table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
     table_strides = block_table.stride() if paged else (0, 0)

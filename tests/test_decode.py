@@ -169,6 +169,18 @@ def test_num_splits_zero_means_choose():
                  decode_attention(q, k, v, _lengths([64]), num_splits=None), tol=1e-6)
 
 
+def test_more_splits_than_tiles_are_dropped():
+    # 100 keys are 2-4 key tiles: a million splits would ask for a partial (O, L) buffer of
+    # 2·2·10^6·16 floats (256 MB) and a million empty programs; the extra splits are left out
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    k, v = _cache(2, 100, 2, 16)
+    lengths = _lengths([100, 9])
+    reference = reference_decode_attention(q, k, v, lengths)
+    for num_splits in (4, 10**6):
+        out = decode_attention(q, k, v, lengths, num_splits=num_splits)
+        assert_close(out, reference)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 arithmetic is wrong in Triton's interpreter")
 def test_bfloat16_on_gpu():
     q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device=DEVICE)
