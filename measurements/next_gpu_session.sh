@@ -246,6 +246,18 @@ elif [ "$phase" = tsp100-first ]; then
     --steps 10000000 --time-limit-min 8 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
     --compile reduce-overhead > "$out/tsp100_train_first.log" 2>&1; tail -n 2 "$out/tsp100_train_first.log"
   cp runs/tsp100/checkpoint_last.pt runs/tsp100/metrics.csv "$out/runs/tsp100/"
+elif [ "$phase" = tsp100-single ]; then
+  # 2026-12-05: when the session's budget leaves one call, not two: TSP100 from scratch, 7 minutes of training
+  # (compilation included), exported and evaluated on 10,000 instances in the same call
+  rm -rf runs/tsp100 && mkdir -p runs/tsp100
+  timeout 470 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
+    --steps 10000000 --time-limit-min 7 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
+    --compile reduce-overhead > "$out/tsp100_train.log" 2>&1; tail -n 2 "$out/tsp100_train.log"
+  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
+  timeout 90 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
+    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
+  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
+  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
 elif [ "$phase" = tsp100-second ]; then
   # needs runs/tsp100/checkpoint_last.pt and metrics.csv from tsp100-first's OUT in the tree: runs/ is
   # git-ignored, so copy them to runs/tsp100/ here and name it in the call's carry (["runs/tsp100"]);
