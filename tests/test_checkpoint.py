@@ -20,8 +20,9 @@ from flashlab.tsp import AttentionModel, load_model, save_model
 from flashlab.tsp_train import TSPConfig, TSPTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {"am_tsp20.pt": "tsp-model", "am_tsp50.pt": "tsp-model", "mqar_long.pt": "lm-model",
-           "tsp50_training_state.pt": "tsp-training-state"}
+SHIPPED = {"am_tsp20.pt": "tsp-model", "am_tsp50.pt": "tsp-model", "am_tsp100.pt": "tsp-model",
+           "mqar_long.pt": "lm-model", "tsp50_training_state.pt": "tsp-training-state",
+           "tsp100_training_state.pt": "tsp-training-state"}
 
 
 class _RunsACommand:
@@ -117,7 +118,7 @@ def test_every_shipped_checkpoint_loads_with_weights_only(name):
     assert path.stat().st_size < 16 * 2**20
     if SHIPPED[name] == "tsp-model":
         model, metadata = load_model(path)
-        assert isinstance(model, AttentionModel) and metadata["n_nodes"] in (20, 50) and metadata["steps"] > 0
+        assert isinstance(model, AttentionModel) and metadata["n_nodes"] in (20, 50, 100) and metadata["steps"] > 0
     elif SHIPPED[name] == "lm-model":
         task = RecallConfig(**{**saved.config["task"], "attention": "sdpa"})
         trainer = Trainer(task, RunConfig(device="cpu", progress=False, batch_size=1))
@@ -127,7 +128,8 @@ def test_every_shipped_checkpoint_loads_with_weights_only(name):
         # compile "off": the run replayed CUDA graphs (reduce-overhead), which a CPU refuses
         trainer = TSPTrainer(task, RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(path),
                                                 "out_dir": None, "progress": False, "compile": "off"}))
-        policy, metadata = load_model(ROOT / "checkpoints" / "am_tsp50.pt")   # exported from this state
+        exported = ROOT / "checkpoints" / name.replace("_training_state", "").replace("tsp", "am_tsp", 1)
+        policy, metadata = load_model(exported)                               # exported from this state
         assert trainer.step == metadata["steps"] == len(trainer.history) and trainer.baseline_updates > 0
         assert all(torch.equal(a, b) for a, b in zip(policy.state_dict().values(), trainer.model.state_dict().values()))
         assert "instances_per_s" in trainer.history[-1]
