@@ -66,6 +66,13 @@
 #       (git-ignored; 3.7 MB)
 #   bash measurements/next_gpu_session.sh rl4co OUT          there, with carry=[".whl"]: the steps/s at 20, 50, 100
 #       cities, batch 512, bf16 (~4 min)
+# 2026-12-05 (GPU after three refusals): eager-host, rl4co-and-suite, tsp100-single and a resume of it to 13 minutes ran
+# (results/README.md). Next, in order:
+#   bash measurements/next_gpu_session.sh tsp100-finish OUT   TSP100 from checkpoints/tsp100_training_state.pt (13.0 min)
+#       to 16, exported, evaluated on 10,000 instances (~6 min with the compile)
+#   bash measurements/next_gpu_session.sh rl4co-and-suite OUT with carry=[".whl"]: RL4CO's step with the fp32 tour check
+#       and 7 rounds of 10 steps, then the GPU suite for the rest
+#   bash measurements/next_gpu_session.sh suite-and-choices OUT
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -253,6 +260,22 @@ elif [ "$phase" = tsp100-single ]; then
   timeout 470 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
     --steps 10000000 --time-limit-min 7 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
     --compile reduce-overhead > "$out/tsp100_train.log" 2>&1; tail -n 2 "$out/tsp100_train.log"
+  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
+  timeout 90 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
+    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
+  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
+  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
+elif [ "$phase" = tsp100-finish ]; then
+  # TSP100's last 3 of 16 minutes, from the shipped training state (13.0 min, 12,914 steps)
+  # (as verify-and-resume did for TSP50: the state and the metrics so far in the run's directory, so that its
+  # metrics.csv continues the first two commands')
+  rm -rf runs/tsp100 && mkdir -p runs/tsp100
+  cp checkpoints/tsp100_training_state.pt runs/tsp100/checkpoint_last.pt
+  cp results/h200/tsp/tsp100_metrics.csv runs/tsp100/metrics.csv
+  timeout 420 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
+    --steps 10000000 --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
+    --compile reduce-overhead --resume runs/tsp100/checkpoint_last.pt > "$out/tsp100_train_third.log" 2>&1
+  tail -n 2 "$out/tsp100_train_third.log"
   python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
   timeout 90 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
     --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
