@@ -64,6 +64,15 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     check_window(window)
 
 
+def _scalar_argument(value):
+    """A 0-d tensor given for ``scale`` or ``dropout_p`` as its Python number, as SDPA's
+    argument parser reads it (on a GPU that waits for the value, as SDPA's does); anything else as
+    given, for the checks to judge."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+        return value.item()
+    return value
+
+
 def _cpu_tile_limit() -> int:
     """The most 32 × 32 tiles a CPU call may give the interpreted kernels: INTERPRETER_MAX_TILES,
     or 0 (every CPU call on the PyTorch path) with FLASHLAB_CPU_KERNELS=0."""
@@ -208,6 +217,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = query, key, value
     if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
         q, k, v = _same_rank(q, k, v)
+    if isinstance(scale, torch.Tensor) or isinstance(dropout_p, torch.Tensor):
+        scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
     if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)

@@ -569,6 +569,25 @@ def test_ranks_that_broadcast_and_any_finite_scale_as_sdpa():
     assert_close(attention(q, q, q, scale=0.0), q.mean(-2, keepdim=True).expand_as(q), tol=1e-5)   # the mean of v
 
 
+def test_zero_dim_tensors_for_scale_and_dropout_as_sdpa():
+    """SDPA's argument parser reads a 0-d tensor as a number for ``scale`` and ``dropout_p`` (code
+    that computes a scale as a tensor passes one); flashlab refused them. Anything else stays
+    refused with the argument named: a one-element 1-d tensor (SDPA refuses it too), a bool."""
+    q, k, v = (torch.randn(2, 3, 17, 16, device=DEVICE) for _ in range(3))
+    for scale in (torch.tensor(0.3), torch.tensor(0.3, dtype=torch.float64, device=DEVICE), torch.tensor(2)):
+        assert_close(attention(q, k, v, scale=scale), attention(q, k, v, scale=float(scale)), tol=1e-6)
+        assert_close(attention(q, k, v, scale=scale), F.scaled_dot_product_attention(q, k, v, scale=scale), tol=1e-5)
+    torch.manual_seed(3)
+    dropped = attention(q, k, v, dropout_p=torch.tensor(0.25))
+    torch.manual_seed(3)
+    assert torch.equal(dropped, attention(q, k, v, dropout_p=0.25))
+    for bad in (torch.tensor([0.3]), torch.tensor(True)):
+        with pytest.raises(ValueError, match="scale"):
+            attention(q, k, v, scale=bad)
+    with pytest.raises(ValueError, match="dropout_p"):
+        attention(q, k, v, dropout_p=torch.tensor(1.5))
+
+
 def test_jit_trace_records_the_einsum_version():
     """torch.jit.trace (deprecated, still used for old deployment paths) records plain PyTorch
     operations: it used to fail inside Triton's interpreter ("invalid operands of type
