@@ -23,6 +23,9 @@ interleaved, so drift of the shared host hits all alike), synchronised; steps/s 
 over rounds. Before timing, greedy tours of the sdpa and flashlab policies are compared
 (identical tours in fp32, mean lengths; bf16 too) as a check that the two compute the same model.
 
+Then one more step of each variant under torch.profiler: its wall time, the time the GPU's kernels
+took (the rest the GPU waited for the host) and the attention kernels' share (``--no-profile`` skips it).
+
 Writes OUT_DIR/rl4co_step.json (rewritten after each size: a crash keeps what was measured).
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -110,6 +114,41 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+# kernel names of attention: flashlab's (small, general, Hopper) and SDPA's backends (flash, memory-efficient
+# "fmha", cuDNN) as the profiler reports them
+ATTENTION_KERNELS = re.compile(r"small_(forward|backward)_kernel|flash|fmha|sdpa|attention|hopper_(forward|dkdv|dq)"
+                               r"|cudnn", re.IGNORECASE)
+
+
+def profile_step(trainer, device: str) -> dict:
+    """One step under torch.profiler: its wall time, the GPU's busy time (the kernels' own time
+    summed; less than the wall time by what the GPU waited for the host) and the attention kernels'
+    share of it, with the step's ten longest kernels. On a CPU, operators' self CPU time instead."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sync(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        trainer.step()
+        sync(device)
+        wall_ms = 1000 * (time.perf_counter() - start)
+    events = prof.key_averages()
+
+    def own_ms(event):
+        if device == "cuda":
+            return getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) / 1000
+        return event.self_cpu_time_total / 1000
+
+    # on a GPU only the kernels (events without CPU time of their own); on a CPU every operator
+    timed = [(e.key, own_ms(e)) for e in events if own_ms(e) > 0 and (device != "cuda" or e.self_cpu_time_total == 0)]
+    busy = sum(ms for _, ms in timed)
+    attention = sum(ms for name, ms in timed if ATTENTION_KERNELS.search(name))
+    return {"wall_ms": wall_ms, "busy_ms": busy, "attention_ms": attention,
+            "attention_share_of_wall": attention / wall_ms, "busy_share_of_wall": busy / wall_ms,
+            "top": [[name[:120], ms] for name, ms in sorted(timed, key=lambda t: -t[1])[:10]]}
+
+
 def measure(n: int, args, device: str) -> dict:
     from rl4co.envs import TSPEnv
     size = (args.embed_dim, args.heads, args.layers)
@@ -133,6 +172,8 @@ def measure(n: int, args, device: str) -> dict:
                 trainer.step()
             sync(device)
             rounds[variant].append(args.steps / (time.perf_counter() - start))
+    if args.profile:
+        row["profile"] = {v: profile_step(trainer, device) for v, trainer in trainers.items()}
     row["steps_per_s"] = {v: statistics.median(r) for v, r in rounds.items()}
     row["steps_per_s_rounds"] = rounds
     row["speedup_vs_sdpa"] = {v: row["steps_per_s"][v] / row["steps_per_s"]["sdpa"] for v in VARIANTS}
@@ -150,6 +191,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="steps a variant runs in one round")
     parser.add_argument("--repeats", type=int, default=7, help="rounds, variants interleaved")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the profiled step per variant (wall time, GPU busy time, attention kernels' share)")
     parser.add_argument("--embed-dim", type=int, default=128)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=3)
@@ -178,6 +221,10 @@ def main(argv=None):
                   f"encoder only {row['speedup_vs_sdpa']['flashlab_encoder']:.3f}; "
                   f"identical greedy tours fp32 {row['check']['fp32']['identical_tours']:.1%}, "
                   f"bf16 {row['check']['bf16']['identical_tours']:.1%}", flush=True)
+            for variant, prof in row.get("profile", {}).items():
+                print(f"    profiled step, {variant}: {prof['wall_ms']:.1f} ms, kernels busy {prof['busy_ms']:.1f} ms, "
+                      f"attention kernels {prof['attention_ms']:.2f} ms ({prof['attention_share_of_wall']:.1%} of the "
+                      f"step)", flush=True)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ def test_rl4co_step_runs_on_the_cpu(tmp_path):
     assert set(row["steps_per_s"]) == set(rl4co_step.VARIANTS) and all(r > 0 for r in row["steps_per_s"].values())
     assert row["check"]["fp32"]["identical_tours"] == 1.0, row["check"]      # same weights, same tours in fp32
     assert 0 <= row["check"]["bf16"]["identical_tours"] <= 1
+    for variant in rl4co_step.VARIANTS:                                # the profiled step of each
+        profile = row["profile"][variant]
+        assert profile["wall_ms"] > 0 and 0 < profile["busy_ms"] and profile["top"], profile
 
 
 def test_mixed_precision_memory_runs_small(tmp_path):
