@@ -90,10 +90,15 @@ def choose_num_splits(programs_without_split: int, max_seqlen_cache: int, block_
         return 1
     wanted = math.ceil(2 * num_sms / max(1, programs_without_split))
     tiles = _cdiv(max(1, max_seqlen_cache), block_n)
-    splits = max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
-    # the kernel deals whole tiles, ceil(tiles / splits) to each split: drop the splits that would
-    # get none (512 tiles in 33 splits is 16 each, so 32 splits carry them and a 33rd stays empty)
-    return _cdiv(tiles, _cdiv(tiles, splits))
+    return splits_with_tiles(tiles, max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS)))
+
+
+def splits_with_tiles(tiles: int, splits: int) -> int:
+    """``splits`` less the ones that would get no key tile. The kernel deals whole tiles,
+    ceil(tiles / splits) to each split (512 tiles in 33 splits is 16 each, so 32 splits carry them
+    and a 33rd stays empty); more splits than tiles only add empty programs and partial rows the
+    merge reads back."""
+    return _cdiv(tiles, _cdiv(tiles, min(splits, tiles)))
 
 
 def decode_traffic(batch, seqlen_q, heads, heads_k, head_dim, cache_len, dtype=torch.float16,
@@ -274,11 +279,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
-    else:
-        # more splits than key tiles only adds empty programs and partial rows the merge reads back
-        # (num_splits=10**6 asked for gigabytes): keep the splits that get a tile, as the heuristic does
-        tiles = _cdiv(max(1, capacity), meta["BLOCK_N"])
-        num_splits = _cdiv(tiles, _cdiv(tiles, min(num_splits, tiles)))
+    else:              # a caller's number too (num_splits=10**6 asked for 256 MB of partial rows)
+        num_splits = splits_with_tiles(_cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
     seqlens = cache_seqlens.to(torch.int32)
     table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
     table_strides = block_table.stride() if paged else (0, 0)

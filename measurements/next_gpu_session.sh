@@ -99,6 +99,26 @@ if [ "$phase" = rl4co-wheels ]; then
   python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w .whl || exit 1   # an sdist only: built here
   ls .whl; exit 0
 fi
+tsp100_train() {   # SECONDS MINUTES LOG [--resume PATH]: train-tsp on TSP100 (small path, step compiled) into runs/tsp100
+  local seconds=$1 minutes=$2 log=$3; shift 3
+  timeout "$seconds" python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
+    --steps 10000000 --time-limit-min "$minutes" --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
+    --compile reduce-overhead "$@" > "$out/$log" 2>&1; tail -n 2 "$out/$log"
+}
+tsp100_export_and_eval() {   # SECONDS: runs/tsp100's last checkpoint exported, evaluated on 10,000 instances, and
+                             # the metrics and the training state (gzipped: under the 16 MiB a returned file may have) to OUT
+  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
+  timeout "$1" python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
+    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
+  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
+  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
+}
+rl4co_step() {   # SECONDS: the carried wheels (.whl/) installed to /tmp/site, then measurements.rl4co_step
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
+  PYTHONPATH=".:/tmp/site" timeout "$1" python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
+  grep -v Warning "$out/rl4co_step.log" | tail -n 8
+}
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
@@ -227,16 +247,10 @@ elif [ "$phase" = eager-host ]; then
   timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
-  PYTHONPATH=".:/tmp/site" timeout 420 python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
-  grep -v Warning "$out/rl4co_step.log" | tail -n 8
+  rl4co_step 420
 elif [ "$phase" = rl4co-and-suite ]; then
   # 2026-12-05: budget for at most three calls after refusals: RL4CO's step, then the GPU suite for the rest
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
-  PYTHONPATH=".:/tmp/site" timeout 300 python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
-  grep -v Warning "$out/rl4co_step.log" | tail -n 8
+  rl4co_step 300
   gpu_suite 230
 elif [ "$phase" = suite-and-choices ]; then
   gpu_suite 330
@@ -249,22 +263,14 @@ elif [ "$phase" = tsp100-first ]; then
   # directory that holds a run (its checkpoint_last.pt and metrics.csv were copied to OUT before)
   rm -rf runs/tsp100
   mkdir -p runs/tsp100 "$out/runs/tsp100"
-  timeout 570 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
-    --steps 10000000 --time-limit-min 8 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
-    --compile reduce-overhead > "$out/tsp100_train_first.log" 2>&1; tail -n 2 "$out/tsp100_train_first.log"
+  tsp100_train 570 8 tsp100_train_first.log
   cp runs/tsp100/checkpoint_last.pt runs/tsp100/metrics.csv "$out/runs/tsp100/"
 elif [ "$phase" = tsp100-single ]; then
   # 2026-12-05: when the session's budget leaves one call, not two: TSP100 from scratch, 7 minutes of training
   # (compilation included), exported and evaluated on 10,000 instances in the same call
   rm -rf runs/tsp100 && mkdir -p runs/tsp100
-  timeout 470 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
-    --steps 10000000 --time-limit-min 7 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
-    --compile reduce-overhead > "$out/tsp100_train.log" 2>&1; tail -n 2 "$out/tsp100_train.log"
-  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
-  timeout 90 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
-    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
-  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
-  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
+  tsp100_train 470 7 tsp100_train.log
+  tsp100_export_and_eval 90
 elif [ "$phase" = tsp100-finish ]; then
   # TSP100's last 3 of 16 minutes, from the shipped training state (13.0 min, 12,914 steps)
   # (as verify-and-resume did for TSP50: the state and the metrics so far in the run's directory, so that its
@@ -272,30 +278,16 @@ elif [ "$phase" = tsp100-finish ]; then
   rm -rf runs/tsp100 && mkdir -p runs/tsp100
   cp checkpoints/tsp100_training_state.pt runs/tsp100/checkpoint_last.pt
   cp results/h200/tsp/tsp100_metrics.csv runs/tsp100/metrics.csv
-  timeout 420 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
-    --steps 10000000 --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
-    --compile reduce-overhead --resume runs/tsp100/checkpoint_last.pt > "$out/tsp100_train_third.log" 2>&1
-  tail -n 2 "$out/tsp100_train_third.log"
-  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
-  timeout 90 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
-    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
-  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
-  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
+  tsp100_train 420 16 tsp100_train_third.log --resume runs/tsp100/checkpoint_last.pt
+  tsp100_export_and_eval 90
 elif [ "$phase" = tsp100-second ]; then
   # needs runs/tsp100/checkpoint_last.pt and metrics.csv from tsp100-first's OUT in the tree: runs/ is
   # git-ignored, so copy them to runs/tsp100/ here and name it in the call's carry (["runs/tsp100"]);
   # the state is 11.4 MB of model, baseline and Adam's moments plus ~200 bytes a step of history
   # (checkpoints/tsp50_training_state.pt: 23,549 steps, 4.8 MB of history, 15.8 MiB in all), so TSP100's
   # 16 minutes fit the 16 MiB a returned file may have up to about 25,000 steps
-  timeout 500 python -m flashlab train-tsp --n-nodes 100 --precision bf16-mixed --attention flashlab \
-    --steps 10000000 --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp100 \
-    --compile reduce-overhead --resume runs/tsp100/checkpoint_last.pt > "$out/tsp100_train_second.log" 2>&1
-  tail -n 2 "$out/tsp100_train_second.log"
-  python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
-  timeout 120 python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
-    --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
-  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
-  gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
+  tsp100_train 500 16 tsp100_train_second.log --resume runs/tsp100/checkpoint_last.pt
+  tsp100_export_and_eval 120
 elif [ "$phase" = compiled-steps ]; then
   timeout 570 python -m measurements.small_graphs "$out" --sections tsp_encoder tsp_train --budget-s 480 \
     > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"

@@ -9,6 +9,7 @@ import torch
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
+from tests.hints import known_mistake
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 tl.dot runs exact in the interpreter but through TF32 tensor cores on a GPU
@@ -18,14 +19,6 @@ RESCALE_HINT = ("\nhint: if only sequences of one key block pass, check the resc
                 "by alpha = exp(m_old − m_new) when the running max changes")
 OVERFLOW_HINT = ("\nhint: inf or NaN: e^S overflows fp32 once S > ln(fp32 max) ≈ 88.7; exponentiate S − m "
                  "with m the running row max")
-
-
-def _hint(err: float, signatures: list[tuple[float, str]]) -> str:
-    """The hint of the first known mistake whose relative error is within 1% of ``err``."""
-    for expected, hint in signatures:
-        if math.isfinite(err) and abs(err - expected) <= 0.01 * expected:
-            return f"\nhint: {hint}"
-    return ""
 
 
 def _check_lse(lse, q, k, tol):
@@ -40,7 +33,7 @@ def _check_lse(lse, q, k, tol):
             (math.log2(math.e) - 1, "L must be in natural log units: multiply the base-2 value by ln 2"),
             (rel_error(want - row_max, want), "L = m + log(l): add the running max back"),
         ]
-        raise AssertionError(f"{error}{_hint(rel_error(lse, want), signatures)}") from None
+        raise AssertionError(f"{error}{known_mistake(rel_error(lse, want), signatures)}") from None
 
 
 def _check_out(out, want, tol):

@@ -12,6 +12,7 @@ import torch
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention, reference_gradients
 from flashlab.reference import reference_logsumexp, rel_error
+from tests.hints import known_mistake
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU goes through TF32 tensor cores; the backward chains three TF32 products
@@ -26,10 +27,7 @@ def _hint(what: str, err: float, head_dim: int) -> str:
     if what in ("dq", "dk"):
         signatures.append((2.0, "dS = P ∘ (dP − D), not (D − dP)"))
         signatures.append((math.sqrt(head_dim) - 1, "dK = scale · dSᵀ Q (and dQ = scale · dS K)"))
-    for expected, hint in signatures:
-        if math.isfinite(err) and abs(err - expected) <= 0.01 * expected:
-            return f"\nhint: {hint}"
-    return ""
+    return known_mistake(err, signatures)
 
 
 def _check(got, want, tol, what):
