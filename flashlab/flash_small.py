@@ -96,16 +96,21 @@ def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device_type: 
 @dataclass(frozen=True)
 class SmallConfig:
     """How a small-path kernel is launched: BLOCK_M queries per step, HEADS heads per program
-    (k/v heads in the backward), num_warps. BLOCK_N is always all keys (padded)."""
+    (k/v heads in the backward), num_warps, and num_stages: with 2 the compiler may load the
+    backward's next query block while the current one computes (software pipelining of its
+    loop over query blocks). BLOCK_N is always all keys (padded)."""
     block_m: int
     heads: int = 1
     num_warps: int = 4
+    num_stages: int = 1
 
     def kwargs(self) -> dict:
-        return {"BLOCK_M": self.block_m, "HEADS": self.heads, "num_warps": self.num_warps, "num_stages": 1}
+        return {"BLOCK_M": self.block_m, "HEADS": self.heads, "num_warps": self.num_warps,
+                "num_stages": self.num_stages}
 
     def __str__(self) -> str:
-        return f"{self.block_m}xall h{self.heads} w{self.num_warps}"
+        stages = f" s{self.num_stages}" if self.num_stages != 1 else ""
+        return f"{self.block_m}xall h{self.heads} w{self.num_warps}{stages}"
 
 
 def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64) -> SmallConfig:

@@ -73,6 +73,11 @@
 #   bash measurements/next_gpu_session.sh rl4co-and-suite OUT with carry=[".whl"]: RL4CO's step with the fp32 tour check
 #       and 7 rounds of 10 steps, then the GPU suite for the rest
 #   bash measurements/next_gpu_session.sh suite-and-choices OUT
+# 2026-12-05 (third session): first, issue 19's two open targets, the D = 16 and 32 launch choices and the encoder at
+# 100 cities (1.094x against 1.1x):
+#   bash measurements/next_gpu_session.sh tiles OUT   the small kernels' launch choices at D = 16 (now with 2-warp tiles
+#       and 2-stage pipelining of the backward's loop), the encoder step captured whole with the default launches and
+#       with the fastest ones, beside SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min)
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -246,6 +251,12 @@ elif [ "$phase" = eager-host ]; then
   # for three calls; python_layers gives the per-call Python with the kernels removed)
   timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+elif [ "$phase" = tiles ]; then
+  timeout 260 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
+    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 220 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  mkdir -p "$out/d32_d64"
+  timeout 200 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
+    --choice-n 100 50 20 --budget-s 170 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
   rl4co_step 420
 elif [ "$phase" = rl4co-and-suite ]; then

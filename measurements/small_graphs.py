@@ -23,8 +23,12 @@ Sections, in order of importance; once BUDGET_S seconds have passed, the remaini
   tsp_train    the whole REINFORCE step (encoder, sampled decoder rollout with gradients,
                greedy baseline rollout, Adam) at Kool et al.'s batch 512, TSP20 and TSP50:
                steps/s for SDPA and flashlab (small path off and on), eager and compiled
-  choices      the small kernels' launch choices (BLOCK_M, heads per program, warps) at
-               D = 16, N 20/50/100, by CUDA-graph replay time: which default to ship
+  choices      the small kernels' launch choices (BLOCK_M, heads per program, warps, stages)
+               at D = 16 (--choice-d, --choice-n), N 20/50/100, by CUDA-graph replay time:
+               which default to ship
+  encoder_tiles  tsp_encoder's step captured whole, with the default launches and with the
+               fastest ones `choices` found at that N (D = 16), beside SDPA, interleaved over
+               rounds: what a default change would give the step
 Autotuning is off (FLASHLAB_AUTOTUNE=0: each kernel's default configuration), so the run
 fits its budget and every number comes from a known configuration.
 """
@@ -37,6 +41,7 @@ import copy
 import json
 import os
 import sys
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -50,11 +55,11 @@ SIZES = {
     False: dict(correct_bh=(4, 4), correct_n=[1, 2, 17, 20, 50, 64, 100, 128], correct_d=[16, 64],
                 table_bh=(512, 8), table_n=[20, 50, 100, 128, 1000], table_d=[16, 64],
                 tsp_batch=512, tsp_nodes=[20, 50, 100], train_nodes=[20, 50], train_warmup=3, train_steps=10,
-                choice_n=[20, 50, 100], choice_d=[16], warmup_ms=10, rep_ms=40, cpu_runs=5),
+                choice_n=[20, 50, 100], choice_d=[16], tile_rounds=3, warmup_ms=10, rep_ms=40, cpu_runs=5),
     True: dict(correct_bh=(1, 2), correct_n=[1, 17, 20], correct_d=[16],
                table_bh=(2, 2), table_n=[20, 40], table_d=[16],
                tsp_batch=1, tsp_nodes=[4], train_nodes=[3], train_warmup=1, train_steps=1, compile_on_cpu=True,
-               choice_n=[20], choice_d=[16], warmup_ms=1, rep_ms=1, cpu_runs=1),
+               choice_n=[4], choice_d=[16], tile_rounds=2, warmup_ms=1, rep_ms=1, cpu_runs=1),
 }
 
 
@@ -400,8 +405,19 @@ def tsp_train(device, size, budget) -> dict:
 
 # -- choices of the small kernels ---------------------------------------------------------------
 
-FORWARD_CHOICES = [(16, 1, 4), (32, 1, 4), (64, 1, 4), (128, 1, 4), (32, 2, 4), (32, 4, 4), (16, 4, 2), (64, 1, 8)]
-BACKWARD_CHOICES = [(16, 1, 4), (32, 1, 4), (64, 1, 4), (128, 1, 8), (32, 2, 4), (32, 1, 8), (16, 1, 2), (64, 1, 8)]
+# (BLOCK_M, heads per program, warps, stages): 2026-12-04's lists, then (2026-12-05) 2-warp tiles
+# and 2-stage software pipelining of the backward's loop over query blocks
+FORWARD_CHOICES = [(16, 1, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 1, 4, 1), (32, 2, 4, 1), (32, 4, 4, 1),
+                   (16, 4, 2, 1), (64, 1, 8, 1),
+                   (16, 1, 2, 1), (32, 1, 2, 1), (64, 1, 2, 1), (64, 2, 4, 1), (128, 1, 8, 1)]
+BACKWARD_CHOICES = [(16, 1, 4, 1), (32, 1, 4, 1), (64, 1, 4, 1), (128, 1, 8, 1), (32, 2, 4, 1), (32, 1, 8, 1),
+                    (16, 1, 2, 1), (64, 1, 8, 1),
+                    (32, 1, 2, 1), (64, 1, 2, 1), (128, 1, 4, 1),
+                    (16, 1, 2, 2), (32, 1, 2, 2), (32, 1, 4, 2), (64, 1, 2, 2), (64, 1, 4, 2), (128, 1, 8, 2)]
+
+# the fastest launch of each kernel at (N, D), as the last `choices` section measured it: what
+# `encoder_tiles` times the encoder step with
+_best_choices: dict = {}
 
 
 def choices(device, size, budget) -> dict:
@@ -423,13 +439,13 @@ def choices(device, size, budget) -> dict:
         for kernel, options, fn in (("forward", FORWARD_CHOICES, forward),
                                     ("backward", BACKWARD_CHOICES, forward_backward)):
             default = flash_small.default_config(kernel, N, N, torch.device(device), D)
-            for block_m, heads, warps in options:
+            for block_m, heads, warps, stages in options:
                 if block_m > width:
                     continue
                 if budget.over():
-                    skipped.append({"N": N, "D": D, "kernel": kernel, "config": [block_m, heads, warps]})
+                    skipped.append({"N": N, "D": D, "kernel": kernel, "config": [block_m, heads, warps, stages]})
                     continue
-                config = flash_small.SmallConfig(block_m, heads, warps)
+                config = flash_small.SmallConfig(block_m, heads, warps, stages)
                 try:
                     # the small path switched on: run on 2026-12-03 with the GPU default off, this
                     # section timed the general kernels for every choice (all within 0.5%)
@@ -444,6 +460,7 @@ def choices(device, size, budget) -> dict:
                 except Exception as exc:
                     ms, error = _refusal(exc), None
                 rows.append({"N": N, "D": D, "kernel": kernel, "config": str(config), "default": config == default,
+                             "block_m": block_m, "heads": heads, "num_warps": warps, "num_stages": stages,
                              "ms": ms, "what": "fwd" if kernel == "forward" else "fwd+bwd (default forward)",
                              "forward_rel_diff_vs_default": error})
         best = {}
@@ -451,15 +468,82 @@ def choices(device, size, budget) -> dict:
             if r["N"] == N and r["D"] == D and isinstance(r["ms"], float):
                 if r["kernel"] not in best or r["ms"] < best[r["kernel"]]["ms"]:
                     best[r["kernel"]] = r
+        _best_choices[N, D] = {kern: flash_small.SmallConfig(r["block_m"], r["heads"], r["num_warps"], r["num_stages"])
+                               for kern, r in best.items()}
         log(f"choices N={N} D={D}: " + ", ".join(f"{kern} best {r['config']} {r['ms']:.4f} ms"
                                                  for kern, r in best.items()))
-    return {"rows": rows, "skipped": skipped, "timer": "CUDA graph replay" if device == "cuda" else "eager (CPU)"}
+    return {"rows": rows, "skipped": skipped, "timer": "CUDA graph replay" if device == "cuda" else "eager (CPU)",
+            "best": {f"N={n} D={d}": {kern: str(c) for kern, c in configs.items()}
+                     for (n, d), configs in _best_choices.items()}}
+
+
+def encoder_tiles(device, size, budget) -> dict:
+    """The encoder training step (tsp_encoder's, captured whole on a GPU) with the small kernels'
+    default launches, and with the fastest launches `choices` measured at that N and D = 16 (the
+    model's head dimension), beside SDPA; the three interleaved over rounds, so that a difference
+    is read against the rounds' spread. Needs `choices` earlier in the same run."""
+    from flashlab import flash_small
+    from flashlab.flash_attention import attention
+    rows, skipped = [], []
+    for n in size["tsp_nodes"]:
+        best = _best_choices.get((n, 16))
+        if best is None or len(best) < 2:
+            skipped.append({"nodes": n, "why": "choices did not time both kernels at this N and D = 16"})
+            continue
+        defaults = {kern: flash_small.default_config(kern, n, n, torch.device(device), 16) for kern in best}
+        coords = random_instances_for(size, n, device)
+        variants = [("sdpa", F.scaled_dot_product_attention, {}), ("flashlab default launches", attention, {})]
+        if best != defaults:
+            variants.append(("flashlab fastest launches", attention, best))
+        times = {name: [] for name, _, _ in variants}
+        for _ in range(size["tile_rounds"]):
+            for name, fn, forced in variants:
+                if budget.over():
+                    break
+                try:
+                    with flash_small.force(**forced):
+                        times[name].append(_encoder_step_ms(fn, coords, size, device))
+                except Exception as exc:
+                    times[name].append(_refusal(exc))
+        row = {"nodes": n, "instances": size["tsp_batch"], "defaults": {k: str(c) for k, c in defaults.items()},
+               "fastest": {k: str(c) for k, c in best.items()}, "ms_per_step": times}
+        medians = {name: statistics.median(t) for name, t in times.items() if t and all(isinstance(x, float) for x in t)}
+        row["median_ms_per_step"] = medians
+        for name in medians:
+            if name != "sdpa" and "sdpa" in medians:
+                row[f"speedup_vs_sdpa ({name})"] = medians["sdpa"] / medians[name]     # target ≥ 1.1
+        rows.append(row)
+        log(f"encoder_tiles n={n}: " + ", ".join(f"{name} {ms:.3f} ms" for name, ms in medians.items()))
+    return {"rows": rows, "skipped": skipped, "rounds": size["tile_rounds"],
+            "timer": "whole step captured in one CUDA graph, replayed" if device == "cuda" else "eager (CPU)",
+            "what": "tsp_encoder's step (encoder forward + squared-output loss + backward + Adam), bf16 autocast"}
+
+
+def random_instances_for(size, n, device):
+    from flashlab.tsp import random_instances
+    return random_instances(size["tsp_batch"], n, seed=n, device=device)
+
+
+def _encoder_step_ms(attention_fn, coords, size, device) -> float:
+    """The encoder step captured whole on a GPU; eager on a CPU (the smoke run proves the code runs)."""
+    if device == "cuda":
+        return _captured_encoder_step_ms(attention_fn, coords, size)
+    from flashlab.tsp import AttentionModel
+    torch.manual_seed(0)
+    model = AttentionModel(attention_fn=attention_fn)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model.encode(coords).square().mean().backward()
+        optimizer.step()
+    return eager_ms(step, device, size)
 
 
 # -- the run ------------------------------------------------------------------------------------
 
 SECTIONS = [("correctness", correctness), ("table", table), ("tsp_encoder", tsp_encoder),
-            ("tsp_train", tsp_train), ("choices", choices)]
+            ("tsp_train", tsp_train), ("choices", choices), ("encoder_tiles", encoder_tiles)]
 
 
 def main(argv=None) -> int:
@@ -474,6 +558,10 @@ def main(argv=None) -> int:
                         help="tsp_train's problem sizes (default 20 50)")
     parser.add_argument("--choice-d", type=int, nargs="+", default=None,
                         help="choices' head dimensions (default 16)")
+    parser.add_argument("--choice-n", type=int, nargs="+", default=None,
+                        help="choices' sequence lengths, in the order timed (default 20 50 100)")
+    parser.add_argument("--tsp-nodes", type=int, nargs="+", default=None,
+                        help="tsp_encoder's and encoder_tiles' problem sizes (default 20 50 100)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA GPU: run with --smoke on a CPU")
@@ -486,6 +574,10 @@ def main(argv=None) -> int:
         size["train_nodes"] = args.train_nodes
     if args.choice_d:
         size["choice_d"] = args.choice_d
+    if args.choice_n:
+        size["choice_n"] = args.choice_n
+    if args.tsp_nodes:
+        size["tsp_nodes"] = args.tsp_nodes
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "small_graphs.json"
