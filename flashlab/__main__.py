@@ -441,7 +441,8 @@ def _eval_tsp_options(p) -> None:
     p.add_argument("--instances", type=POSITIVE, default=10000, help="test instances (default 10000)")
     # Training draws step s's instances from seed·1,000,003 + s: this default is far from those.
     p.add_argument("--seed", type=NON_NEGATIVE, default=1_234_567_891, help="test-set seed (default 1234567891)")
-    p.add_argument("--save-tours", help="write coords, tours and lengths to this .npz file")
+    p.add_argument("--save-tours", help="write the test seed, tours and lengths to this .npz file "
+                                           "(flashlab.tsp.load_tours reads it)")
     p.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
                    help="auto: flashlab on a GPU (compiled), SDPA on a CPU (the kernels would run in Triton's "
                         "interpreter: hours for 10,000 instances)")
@@ -450,11 +451,10 @@ def _eval_tsp_options(p) -> None:
 def _eval_tsp(args) -> None:
     _existing_file("--checkpoint", args.checkpoint)
     _check_output_file("--save-tours", args.save_tours)
-    import numpy as np
 
     from .model import ATTENTION
     from .train import default_attention
-    from .tsp import PUBLISHED, evaluate, load_model
+    from .tsp import PUBLISHED, evaluate, load_model, save_tours
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = args.attention if args.attention != "auto" else default_attention(device)
@@ -481,9 +481,9 @@ def _eval_tsp(args) -> None:
     if metadata:
         print("  checkpoint:", ", ".join(f"{k}={v}" for k, v in metadata.items()))
     if args.save_tours:
-        np.savez_compressed(args.save_tours, coords=result["coords"].cpu().numpy(),
-                            tours=result["tours"].cpu().numpy(), lengths=result["lengths"].cpu().numpy())
-        print(f"  instances, tours and lengths written to {args.save_tours}")
+        save_tours(args.save_tours, args.seed, result["tours"], result["lengths"])
+        print(f"  the test seed, tours and lengths written to {args.save_tours} (flashlab.tsp.load_tours reads them, "
+              f"the cities drawn again from the seed)")
 
 
 # ---------------------------------------------------------------- export-tsp

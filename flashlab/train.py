@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import gzip
 import io
 import math
 import os
@@ -679,8 +680,10 @@ def train_in_phases(task: RecallConfig, run: RunConfig, phases, out_dir):
 
 
 def read_metrics(path) -> list[dict]:
-    """The rows of a metrics CSV written by `Trainer.fit`, every value a float (NaN where empty)."""
-    with open(path, newline="") as f:
+    """The rows of a metrics CSV written by `Trainer.fit`, every value a float (NaN where empty).
+    A name ending in ``.gz`` is read through gzip (results/ ships long runs' CSVs compressed)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
         return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
 

@@ -220,6 +220,36 @@ def load_model(path, device="cpu", attention_fn=attention) -> tuple[AttentionMod
     return model.eval(), saved.metadata
 
 
+def save_tours(path, seed: int, tours: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Write an evaluation's greedy tours (``(instances, n)``) and their lengths to a compressed
+    ``.npz``, with the test seed the cities come from instead of the cities themselves: they are
+    `random_instances(instances, n, seed)` again on any machine (drawn on the CPU's generator),
+    and float32 coordinates would be most of the file (8 MB at 10,000 × 100 cities) and do not
+    compress. Tours are stored in the smallest unsigned integer type that holds a city index."""
+    import numpy as np
+    n = tours.shape[1]
+    index_type = np.uint8 if n <= 256 else np.uint16 if n <= 65536 else np.int64
+    np.savez_compressed(path, seed=np.int64(seed), tours=tours.cpu().numpy().astype(index_type),
+                        lengths=lengths.float().cpu().numpy())
+
+
+def load_tours(path) -> dict:
+    """What `save_tours` wrote, as NumPy arrays: ``{"coords", "tours" (int64), "lengths", "seed"}``,
+    the cities drawn again from the seed. A file from before the seed was stored holds the
+    cities themselves (``seed`` is then None). Raises ValueError if the saved lengths are not
+    those of the tours over these cities (a wrong seed, a damaged file)."""
+    import numpy as np
+    with np.load(path) as saved:
+        tours, lengths = saved["tours"].astype(np.int64), saved["lengths"]
+        seed = int(saved["seed"]) if "seed" in saved.files else None
+        coords = saved["coords"] if seed is None else random_instances(*tours.shape, seed).numpy()
+    recomputed = tour_length(torch.from_numpy(coords), torch.from_numpy(tours)).numpy()
+    if not np.allclose(recomputed, lengths, rtol=1e-5, atol=1e-5):
+        raise ValueError(f"{path}: the saved lengths are not those of its tours over the cities of seed {seed}; "
+                         f"largest difference {np.abs(recomputed - lengths).max():.3g}.")
+    return {"coords": coords, "tours": tours, "lengths": lengths, "seed": seed}
+
+
 def evaluate(model: AttentionModel, n_nodes: int, instances: int, seed: int, device="cpu", batch_size: int = 1000):
     """Greedy tours of the model, and of both heuristics, on ``instances`` random instances
     drawn from ``seed``: ``{"coords", "tours", "lengths", "nearest_neighbour", "farthest_insertion"}``."""

@@ -78,6 +78,9 @@
 #   bash measurements/next_gpu_session.sh tiles OUT   the small kernels' launch choices at D = 16 (now with 2-warp tiles
 #       and 2-stage pipelining of the backward's loop), the encoder step captured whole with the default launches and
 #       with the fastest ones, beside SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min)
+# The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
+# over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)
+# and the TSP metrics CSVs are gzipped: 54 MB; tests/test_environment.py keeps the tree under 56 MiB.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -115,7 +118,7 @@ tsp100_export_and_eval() {   # SECONDS: runs/tsp100's last checkpoint exported, 
   python -m measurements.export_tsp_policy runs/tsp100/checkpoint_last.pt "$out/am_tsp100.pt"
   timeout "$1" python -m flashlab eval-tsp --checkpoint "$out/am_tsp100.pt" --nodes 100 --instances 10000 \
     --save-tours "$out/tsp100_test_tours.npz" > "$out/tsp100_eval.log" 2>&1; cat "$out/tsp100_eval.log"
-  cp runs/tsp100/metrics.csv "$out/tsp100_metrics.csv"
+  gzip -n -c runs/tsp100/metrics.csv > "$out/tsp100_metrics.csv.gz"   # results/ keeps it compressed
   gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
 }
 rl4co_step() {   # SECONDS: the carried wheels (.whl/) installed to /tmp/site, then measurements.rl4co_step
@@ -171,7 +174,7 @@ elif [ "$phase" = checks ]; then
 elif [ "$phase" = verify-and-resume ]; then
   gpu_suite 150
   mkdir -p runs/tsp50 && cp checkpoints/tsp50_training_state.pt runs/tsp50/checkpoint_last.pt
-  cp results/h200/tsp/tsp50_metrics.csv runs/tsp50/metrics.csv
+  gunzip -c results/h200/tsp/tsp50_metrics.csv.gz > runs/tsp50/metrics.csv
   # a kill by the timeout keeps the last checkpoint (every 500 steps); the export below reads it
   timeout 400 python -m flashlab train-tsp --n-nodes 50 --precision bf16-mixed --attention flashlab --steps 10000000 \
     --time-limit-min 16 --checkpoint-every 500 --no-progress --out-dir runs/tsp50 --compile reduce-overhead \
@@ -179,7 +182,7 @@ elif [ "$phase" = verify-and-resume ]; then
   python -m measurements.export_tsp_policy runs/tsp50/checkpoint_last.pt "$out/am_tsp50.pt"
   python -m flashlab eval-tsp --checkpoint "$out/am_tsp50.pt" --nodes 50 --instances 10000 \
     --save-tours "$out/tsp50_test_tours.npz" > "$out/tsp50_eval.log" 2>&1; cat "$out/tsp50_eval.log"
-  cp runs/tsp50/metrics.csv "$out/tsp50_metrics.csv"; gzip -c runs/tsp50/checkpoint_last.pt > "$out/tsp50_training_state.pt.gz"   # under 16 MiB
+  gzip -n -c runs/tsp50/metrics.csv > "$out/tsp50_metrics.csv.gz"; gzip -c runs/tsp50/checkpoint_last.pt > "$out/tsp50_training_state.pt.gz"   # under 16 MiB
 elif [ "$phase" = step-and-verify ]; then
   # issue 19 first (it decides how the retraining runs): the TSP50 REINFORCE step, eager and
   # compiled (reduce-overhead), SDPA and flashlab; then the GPU tests for the rest of the 10 minutes
@@ -288,7 +291,7 @@ elif [ "$phase" = tsp100-finish ]; then
   # metrics.csv continues the first two commands')
   rm -rf runs/tsp100 && mkdir -p runs/tsp100
   cp checkpoints/tsp100_training_state.pt runs/tsp100/checkpoint_last.pt
-  cp results/h200/tsp/tsp100_metrics.csv runs/tsp100/metrics.csv
+  gunzip -c results/h200/tsp/tsp100_metrics.csv.gz > runs/tsp100/metrics.csv
   tsp100_train 420 16 tsp100_train_third.log --resume runs/tsp100/checkpoint_last.pt
   tsp100_export_and_eval 90
 elif [ "$phase" = tsp100-second ]; then

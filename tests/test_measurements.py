@@ -76,3 +76,21 @@ def test_mixed_precision_memory_runs_small(tmp_path):
     peak = {(r["vocab_size"], r["precision"]): r["peak_bytes"] for r in rows}
     assert peak[(4096, "32-true")] > peak[(64, "32-true")] and peak[(4096, "bf16-mixed")] > peak[(64, "bf16-mixed")]
     assert peak[(4096, "bf16-mixed")] < peak[(4096, "32-true")]
+
+
+def test_the_tree_fits_what_a_gpu_call_carries():
+    """A GPU call (measurements/next_gpu_session.sh) carries the tracked files and the untracked
+    ones git does not ignore, 64 MiB at most: one refused to start on 2026-12-05 when TSP100's
+    files took the tree to 73.7 MB. Kept under 56 MiB, room for the carried wheels (.whl/, 3.7 MB)
+    and a session's new results."""
+    import shutil
+
+    import pytest
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    sizes = {name: (ROOT / name).stat().st_size for name in listed if name and (ROOT / name).is_file()}
+    total = sum(sizes.values())
+    largest = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:3])
+    assert total < 56 * 2**20, f"the tree is {total / 2**20:.1f} MiB (largest: {largest}); a GPU call carries 64 MiB"

@@ -11,9 +11,11 @@ from flashlab.__main__ import main
 from flashlab.tsp import (
     AttentionModel,
     farthest_insertion,
+    load_tours,
     nearest_neighbour,
     random_instances,
     save_model,
+    save_tours,
     tour_length,
 )
 
@@ -78,11 +80,28 @@ def test_eval_tsp_command_line(tmp_path, capsys):
                  "--seed", "5", "--save-tours", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "gap to the published optimum 3.84" in printed and "farthest insertion" in printed
-    saved = np.load(out)
-    coords, tours = torch.from_numpy(saved["coords"]), torch.from_numpy(saved["tours"]).long()
-    assert coords.shape == (16, 20, 2)
+    with np.load(out) as raw:                       # the seed, not the cities: see save_tours
+        assert set(raw.files) == {"seed", "tours", "lengths"} and raw["tours"].dtype == np.uint8
+    saved = load_tours(out)
+    coords, tours = torch.from_numpy(saved["coords"]), torch.from_numpy(saved["tours"])
+    assert saved["seed"] == 5 and torch.equal(coords, random_instances(16, 20, seed=5))
     np.testing.assert_allclose(tour_length(coords, tours).numpy(), saved["lengths"], rtol=1e-6)
     assert f"{saved['lengths'].mean():.4f}" in printed
+
+
+def test_load_tours_refuses_lengths_that_are_not_the_tours_of_the_seed(tmp_path):
+    coords = random_instances(8, 12, seed=3)
+    tours = farthest_insertion(coords)
+    path = tmp_path / "tours.npz"
+    save_tours(path, 3, tours, tour_length(coords, tours))
+    assert torch.equal(torch.from_numpy(load_tours(path)["tours"]), tours)
+    save_tours(path, 4, tours, tour_length(coords, tours))          # the cities of another seed
+    with pytest.raises(ValueError, match="not those of its tours over the cities of seed 4"):
+        load_tours(path)
+    np.savez_compressed(path, coords=coords.numpy(), tours=tours.numpy(),      # the format before the seed
+                        lengths=tour_length(coords, tours).numpy())
+    old = load_tours(path)
+    assert old["seed"] is None and np.array_equal(old["coords"], coords.numpy())
 
 
 def test_encoder_benchmark_times_every_attention():
