@@ -35,9 +35,12 @@ FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -112,11 +115,53 @@ class SmallConfig:
         stages = f" s{self.num_stages}" if self.num_stages != 1 else ""
         return f"{self.block_m}xall h{self.heads} w{self.num_warps}{stages}"
 
+    @classmethod
+    def parse(cls, text: str) -> SmallConfig:
+        """The configuration `str` wrote ("64xall h1 w4", "32xall h1 w2 s2")."""
+        try:
+            block, *fields = text.split()
+            values = {f[0]: int(f[1:]) for f in fields}
+            if not block.endswith("xall") or not set(values) <= {"h", "w", "s"}:
+                raise ValueError
+            return cls(int(block[:-4]), values.get("h", 1), values.get("w", 4), values.get("s", 1))
+        except (ValueError, IndexError):
+            raise ValueError(f"small-path configuration {text!r}: expected e.g. '64xall h1 w4' or "
+                             f"'32xall h1 w2 s2'") from None
+
+
+# The fastest launch of each kernel measured on one GPU model, by padded head dimension and keys:
+# {"forward | 16 | 128": "64xall h1 w4", ...}, written by `python -m measurements.small_defaults`
+# from recorded `measurements/small_graphs.py --sections choices` runs (test_flash_small checks
+# that it is what those records give). Other GPUs take the rule in `default_config`.
+MEASURED_PATH = Path(__file__).with_name("tuned") / "small_path.json"
+
+
+@functools.cache
+def measured_decisions(gpu_name: str) -> dict[str, SmallConfig]:
+    """The measured launches for this GPU model ({} for one never measured)."""
+    if not MEASURED_PATH.exists():
+        return {}
+    table = json.loads(MEASURED_PATH.read_text())
+    if table.get("gpu") != gpu_name:
+        return {}
+    return {key: SmallConfig.parse(text) for key, text in table["decisions"].items()}
+
+
+def decision_key(kernel: str, head_dim: int, n_k: int) -> str:
+    return f"{kernel} | {_pow2(head_dim)} | {_pow2(n_k)}"
+
+
+@functools.cache
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index) if torch.cuda.is_available() else ""
+
 
 def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
-    GPU: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
+    GPU: on a GPU model whose launches were measured (`MEASURED_PATH`: the H200), the fastest
+    measured launch at this padded head dimension and key count. Elsewhere, and for shapes not
+    measured, this rule: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
     N ≤ 64 whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
     beside dK and dV; 4 warps; one head per program: B·H = 4096 programs are 30 waves of an
     H200's 132 SMs already, so packing heads buys no occupancy. At D = 16 (the routing models')
@@ -130,6 +175,10 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
     block_n = _pow2(n_k)
     if device.type != "cuda":
         return SmallConfig(block_m=_pow2(n_q))
+    measured = measured_decisions(_gpu_name(device.index or 0)).get(decision_key(kernel, head_dim, n_k))
+    if measured is not None:
+        # measured with Nq = Nk; fewer queries than a measured tile's rows need no more rows than Nq
+        return dataclasses.replace(measured, block_m=min(measured.block_m, _pow2(n_q)))
     if kernel == "backward" and _pow2(head_dim) == 16:
         if block_n <= 32:
             return SmallConfig(block_m=16, num_warps=2)

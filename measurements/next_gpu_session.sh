@@ -77,7 +77,13 @@
 # 100 cities (1.094x against 1.1x):
 #   bash measurements/next_gpu_session.sh tiles OUT   the small kernels' launch choices at D = 16 (now with 2-warp tiles
 #       and 2-stage pipelining of the backward's loop), the encoder step captured whole with the default launches and
-#       with the fastest ones, beside SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min)
+#       with the fastest ones, beside SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min).
+#       Then HERE: copy OUT/small_graphs.json and OUT/d32_d64/small_graphs.json to results/h200/ (e.g.
+#       small_graphs_tiles.json, small_graphs_choices_d32_d64.json) and run
+#       python -m measurements.small_defaults results/h200/small_graphs_choices.json results/h200/small_graphs_tiles.json \
+#         results/h200/small_graphs_choices_d32_d64.json
+#       which rewrites flashlab/tuned/small_path.json, the H200's default launches (test_flash_small checks it); then
+#       the small path's GPU tests and the table and encoder step again with those defaults (defaults-verify)
 # The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
 # over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)
 # and the TSP metrics CSVs are gzipped: 54 MB; tests/test_environment.py keeps the tree under 56 MiB.

@@ -4,6 +4,9 @@ forward and its single backward launch, against float64; and which calls take it
 On a CPU the kernels run in Triton's interpreter (fp32; fp16 computed in fp32 there); the
 same tests run compiled on a GPU, where bf16 is checked too."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
 from flashlab.timing import capture_cuda_graph
 
 CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parents[1]
 DEVICE = "cuda" if CUDA else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 8e-3}
 
@@ -300,6 +304,44 @@ def test_default_configurations():
     with pytest.raises(ValueError, match="unknown kernels"):
         with flash_small.force(dq=flash_small.SmallConfig(16)):
             pass
+
+
+def test_measured_launches_are_what_the_records_give():
+    """flashlab/tuned/small_path.json is `measurements.small_defaults` run on the records it names:
+    no launch in it was typed by hand, and a new record changes it only through the script."""
+    from measurements import small_defaults
+    table = json.loads(flash_small.MEASURED_PATH.read_text())
+    records = [ROOT / source.split(" (")[0] for source in table["source"]]
+    assert records and all(path.exists() for path in records), table["source"]
+    assert small_defaults.main([*map(str, records), "--check"]) == 0
+    assert all(flash_small.SmallConfig.parse(text) for text in table["decisions"].values())
+
+
+def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
+    """On the GPU model the table names, a measured (kernel, D, keys) takes its measured launch,
+    with no more query rows than Nq; another GPU, or a shape not measured, takes the rule."""
+    cuda = torch.device("cuda")
+    table = {"format": 1, "gpu": "GPU A", "source": [], "decisions": {"backward | 32 | 64": "32xall h1 w2 s2"}}
+    (tmp_path / "small_path.json").write_text(json.dumps(table))
+    monkeypatch.setattr(flash_small, "MEASURED_PATH", tmp_path / "small_path.json")
+    flash_small.measured_decisions.cache_clear()
+    try:
+        monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU A")
+        assert flash_small.default_config("backward", 50, 50, cuda, 32) == flash_small.SmallConfig(32, 1, 2, 2)
+        assert flash_small.default_config("backward", 40, 33, cuda, 17) == flash_small.SmallConfig(32, 1, 2, 2)
+        assert flash_small.default_config("backward", 5, 50, cuda, 32) == flash_small.SmallConfig(16, 1, 2, 2)
+        assert flash_small.default_config("forward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)   # the rule
+        monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU B")
+        assert flash_small.default_config("backward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)
+    finally:
+        flash_small.measured_decisions.cache_clear()
+
+
+def test_small_config_text_round_trips():
+    for config in (flash_small.SmallConfig(64), flash_small.SmallConfig(16, 4, 2, 2)):
+        assert flash_small.SmallConfig.parse(str(config)) == config
+    with pytest.raises(ValueError, match="small-path configuration '64x64 w4'"):
+        flash_small.SmallConfig.parse("64x64 w4")
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
