@@ -22,6 +22,7 @@ import torch
 
 from .flash_hopper import LADDER, Step, Tiles, hopper_dkdv_kernel, hopper_dq_kernel, hopper_forward_kernel
 from .flash_triton import LOG2E, flash_backward_preprocess_kernel
+from .layouts import output_like
 from .runtime import kernel_for
 
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
@@ -123,7 +124,7 @@ def hopper_forward(q, k, v, is_causal, scale, step: Step = FINAL, tiles: Tiles |
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     t = tiles or tiles_for(step, "forward", D)
-    out = torch.empty_like(q)
+    out = output_like(q)                          # as the op's fake says (empty_like(q) did not, for dense BNHD q)
     lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     tma = step.use_tma
     kernel_for(hopper_forward_kernel, q.device)[(_cdiv(n_q, t.block_m) * B * H,)](

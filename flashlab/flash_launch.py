@@ -17,6 +17,7 @@ from .flash_triton import (
     flash_backward_preprocess_kernel,
     flash_forward_kernel,
 )
+from .layouts import output_like
 from .naive import window_band
 from .runtime import kernel_for
 
@@ -138,7 +139,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
     if small:                                                                             # one key tile
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
-    out = torch.empty(B, H, n_q, head_dim, dtype=q.dtype, device=q.device)
+    out = output_like(q)                          # O's layout follows q's (see output_like)
     lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
 

@@ -50,6 +50,7 @@ from . import direct_launch
 from .autotune import overriding
 from .first_order import first_order_only
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
+from .layouts import output_like
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
@@ -351,11 +352,13 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
            dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
 
+    out = output_like(q)                        # its layout is a function of q's strides, part of the key
+
     def build():
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
         config = _config("forward", n_q, n_k, q.device, head_dim)
-        out_strides = (H * n_q * head_dim, n_q * head_dim, head_dim)        # O is allocated contiguous
+        out_strides = out.stride()[:3]
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
         ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides,
                 H, B * H, n_q, n_k, head_dim, group)
@@ -366,7 +369,6 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
 
     plan = _plan(key, build)
     grid, ints, constants, lse_shape = plan
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     args = (q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p)
     if q.is_cuda:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .first_order import first_order_only
+from .layouts import output_like
 
 LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
 
@@ -58,6 +59,15 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _in_layout_of(out: Tensor, q: Tensor) -> Tensor:
+    """``out`` in `output_like(q)`'s layout (a copy only where the kernels saw another q: a CPU
+    half-precision call computed in fp32, or a q whose rows were made contiguous)."""
+    want = output_like(q, out.shape[-1])
+    if out.stride() == want.stride():
+        return out
+    return want.copy_(out)
+
+
 _flash_launch = None
 
 
@@ -79,7 +89,10 @@ def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, d
     qc, kc, vc, mask = _on_cpu_in_fp32(q, q, k, v, attn_mask)
     out, lse = _launcher().flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
                                          scale, input_precision, (window_left, window_right))
-    return _as(out, q.dtype), lse
+    out = _as(out, q.dtype)
+    if qc is not q or q.stride(-1) != 1:            # the kernels saw a copy of q: O as the fake says
+        out = _in_layout_of(out, q)
+    return out, lse
 
 
 flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(
@@ -89,7 +102,7 @@ flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_for
 @flash_attention_forward.register_fake
 def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1):
     B, H, n_q, _ = q.shape
-    return q.new_empty(B, H, n_q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
+    return output_like(q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
 
 
 def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

@@ -40,8 +40,8 @@ import contextlib
 import copy
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -507,7 +507,8 @@ def encoder_tiles(device, size, budget) -> dict:
                     times[name].append(_refusal(exc))
         row = {"nodes": n, "instances": size["tsp_batch"], "defaults": {k: str(c) for k, c in defaults.items()},
                "fastest": {k: str(c) for k, c in best.items()}, "ms_per_step": times}
-        medians = {name: statistics.median(t) for name, t in times.items() if t and all(isinstance(x, float) for x in t)}
+        medians = {name: statistics.median(t) for name, t in times.items()
+                   if t and all(isinstance(x, float) for x in t)}
         row["median_ms_per_step"] = medians
         for name in medians:
             if name != "sdpa" and "sdpa" in medians:

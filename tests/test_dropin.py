@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import flashlab
 from flashlab import assert_close, ops
 from flashlab.flash_attention import attention, input_precision
+from flashlab.layouts import output_like
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -158,6 +159,58 @@ def test_opcheck(case):
                                     "ieee", 2, 0)}[case]
     result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
+
+
+def _layouts(batch, n, heads, head_dim, device="cpu", dtype=torch.float32):
+    """q, k, v as attention layers pass them: contiguous (B, H, N, D); one (B, N, 3, H, D)
+    projection viewed and permuted (not dense: each of q, k, v skips the other two); a dense
+    (B, N, H, D) tensor transposed (Hugging Face's layout)."""
+    qkv = torch.randn(batch, n, 3, heads, head_dim, device=device, dtype=dtype)
+    dense = [torch.randn(batch, n, heads, head_dim, device=device, dtype=dtype).transpose(1, 2) for _ in range(3)]
+    return {"contiguous": tuple(t.contiguous() for t in qkv.permute(2, 0, 3, 1, 4)),
+            "projection": tuple(qkv.permute(2, 0, 3, 1, 4)),
+            "dense transposed": tuple(dense)}
+
+
+@pytest.mark.parametrize("n", [20, 300])               # the small path's length, and the general kernels'
+def test_o_follows_qs_layout_so_merging_heads_is_a_view(n):
+    """O is (B, N, H, D) in memory when q's heads lie closer than its rows, as SDPA's flash
+    backend returns it: the layer's transpose(1, 2).reshape(B, N, H·D) is then a view (no copy
+    of O per layer); contiguous q keeps a contiguous O. Values against float64."""
+    for name, (q, k, v) in _layouts(2, n, 4, 16).items():
+        out = attention(q, k, v)
+        assert out.stride() == output_like(q).stride(), name
+        merged = out.transpose(1, 2).reshape(2, n, 64)
+        assert (merged.data_ptr() == out.data_ptr() and merged._base is not None) == (name != "contiguous"), name
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+        assert_close(out, want, tol=1e-5, what=name)
+
+
+@pytest.mark.parametrize("n", [5, 300])
+@pytest.mark.parametrize("layout", ["projection", "dense transposed"])
+def test_opcheck_with_the_layouts_attention_layers_pass(layout, n):
+    """The op's fake says O's real strides for every layout (torch.compile's Inductor stops a
+    graph whose custom-op output strides differ from the fake's)."""
+    q, k, v = (t.requires_grad_() for t in _layouts(1, n, 2, 16)[layout])
+    result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default,
+                                   (q, k, v, None, 0.0, None, False, 0.25, "ieee"))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.skipif(not CUDA, reason="the Hopper, general and small kernels on a GPU need a CUDA GPU")
+@pytest.mark.parametrize("n", [20, 256])
+@pytest.mark.parametrize("layout", ["contiguous", "projection", "dense transposed"])
+def test_opcheck_with_the_layouts_attention_layers_pass_on_cuda(layout, n):
+    """On a GPU: N = 256, D = 64, bf16 takes the Hopper kernels on an H100/H200, whose O followed
+    a dense q's strides (empty_like) while the fake said contiguous: Inductor then stopped a
+    compiled Hugging Face-style layer. N = 20: the small path."""
+    q, k, v = (t.requires_grad_() for t in _layouts(2, n, 4, 64, "cuda", torch.bfloat16)[layout])
+    result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default,
+                                   (q, k, v, None, 0.0, None, False, 0.125, "tf32"))
+    assert set(result.values()) == {"SUCCESS"}, result
+    layer = torch.compile(lambda q, k, v: attention(q, k, v).transpose(1, 2).reshape(2, n, 256), fullgraph=True)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double()).transpose(1, 2).reshape(2, n, 256)
+    assert_close(layer(q, k, v), want, tol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

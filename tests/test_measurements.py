@@ -92,5 +92,6 @@ def test_the_tree_fits_what_a_gpu_call_carries():
                             capture_output=True, check=True).stdout.decode().split("\0")
     sizes = {name: (ROOT / name).stat().st_size for name in listed if name and (ROOT / name).is_file()}
     total = sum(sizes.values())
-    largest = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:3])
+    largest = ", ".join(f"{name} {size / 2**20:.1f} MiB"
+                        for name, size in sorted(sizes.items(), key=lambda item: -item[1])[:3])
     assert total < 56 * 2**20, f"the tree is {total / 2**20:.1f} MiB (largest: {largest}); a GPU call carries 64 MiB"

@@ -1,0 +1,25 @@
+"""The memory layout of attention's output O, one rule for every path (the small, general and
+Hopper kernels, the custom op's fake)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def output_like(q: Tensor, value_dim: int | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """An empty O for (B, H, Nq, D) ``q``, laid out as every path and the op's fake lay it out.
+
+    When q's heads lie closer together in memory than its rows (``q.stride(1) < q.stride(2)``:
+    a (B, N, H·D) projection viewed as heads and transposed, as attention layers pass q), O is
+    (B, Nq, H, Dv) in memory, seen as (B, H, Nq, Dv), as SDPA's flash backend returns it: the
+    layer's next step, ``o.transpose(1, 2).reshape(B, N, H·Dv)``, is then a view instead of a copy
+    (one read and one write of O per layer). Otherwise O is contiguous (B, H, Nq, Dv).
+    The kernels take O's strides, so either layout is one launch; the fake must say the same
+    strides as the real op, or a compiled graph stops at the op's output (Inductor checks)."""
+    B, H, n_q, head_dim = q.shape
+    shape_dtype = dict(dtype=dtype or q.dtype, device=q.device)
+    dv = head_dim if value_dim is None else value_dim
+    if q.stride(1) < q.stride(2):
+        return torch.empty(B, n_q, H, dv, **shape_dtype).transpose(1, 2)
+    return torch.empty(B, H, n_q, dv, **shape_dtype)
