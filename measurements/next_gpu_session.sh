@@ -77,7 +77,10 @@
 # 100 cities (1.094x against 1.1x):
 #   bash measurements/next_gpu_session.sh tiles OUT   the small kernels' launch choices at D = 16 (now with 2-warp tiles
 #       and 2-stage pipelining of the backward's loop), the encoder step captured whole with the default launches and
-#       with the fastest ones, beside SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min).
+#       with the fastest ones, and with O laid out contiguous as before today's layout change (flashlab.layouts), beside
+#       SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min). The GPU suite (rl4co-and-suite or
+#       suite-and-choices) now includes test_opcheck_with_the_layouts_attention_layers_pass_on_cuda: the Hopper path's O
+#       against the op's fake, compiled.
 #       Then HERE: copy OUT/small_graphs.json and OUT/d32_d64/small_graphs.json to results/h200/ (e.g.
 #       small_graphs_tiles.json, small_graphs_choices_d32_d64.json) and run
 #       python -m measurements.small_defaults results/h200/small_graphs_choices.json results/h200/small_graphs_tiles.json \

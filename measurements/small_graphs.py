@@ -26,9 +26,9 @@ Sections, in order of importance; once BUDGET_S seconds have passed, the remaini
   choices      the small kernels' launch choices (BLOCK_M, heads per program, warps, stages)
                at D = 16 (--choice-d, --choice-n), N 20/50/100, by CUDA-graph replay time:
                which default to ship
-  encoder_tiles  tsp_encoder's step captured whole, with the default launches and with the
-               fastest ones `choices` found at that N (D = 16), beside SDPA, interleaved over
-               rounds: what a default change would give the step
+  encoder_tiles  tsp_encoder's step captured whole, with the default launches, with O laid
+               out as before 2026-12-05, and with the fastest launches `choices` found at that N
+               (D = 16), beside SDPA, interleaved over rounds: what each change gives the step
 Autotuning is off (FLASHLAB_AUTOTUNE=0: each kernel's default configuration), so the run
 fits its budget and every number comes from a known configuration.
 """
@@ -479,9 +479,10 @@ def choices(device, size, budget) -> dict:
 
 def encoder_tiles(device, size, budget) -> dict:
     """The encoder training step (tsp_encoder's, captured whole on a GPU) with the small kernels'
-    default launches, and with the fastest launches `choices` measured at that N and D = 16 (the
-    model's head dimension), beside SDPA; the three interleaved over rounds, so that a difference
-    is read against the rounds' spread. Needs `choices` earlier in the same run."""
+    default launches, with O allocated contiguous as before 2026-12-05 (`contiguous_output`), and
+    with the fastest launches `choices` measured at that N and D = 16 (the model's head
+    dimension), beside SDPA; interleaved over rounds, so that a difference is read against the
+    rounds' spread. Needs `choices` earlier in the same run."""
     from flashlab import flash_small
     from flashlab.flash_attention import attention
     rows, skipped = [], []
@@ -492,7 +493,8 @@ def encoder_tiles(device, size, budget) -> dict:
             continue
         defaults = {kern: flash_small.default_config(kern, n, n, torch.device(device), 16) for kern in best}
         coords = random_instances_for(size, n, device)
-        variants = [("sdpa", F.scaled_dot_product_attention, {}), ("flashlab default launches", attention, {})]
+        variants = [("sdpa", F.scaled_dot_product_attention, {}), ("flashlab default launches", attention, {}),
+                    ("flashlab, O contiguous (before 2026-12-05)", attention, {"contiguous_output": True})]
         if best != defaults:
             variants.append(("flashlab fastest launches", attention, best))
         times = {name: [] for name, _, _ in variants}
@@ -501,7 +503,9 @@ def encoder_tiles(device, size, budget) -> dict:
                 if budget.over():
                     break
                 try:
-                    with flash_small.force(**forced):
+                    forced = dict(forced)
+                    layout = contiguous_output() if forced.pop("contiguous_output", False) else contextlib.nullcontext()
+                    with flash_small.force(**forced), layout:
                         times[name].append(_encoder_step_ms(fn, coords, size, device))
                 except Exception as exc:
                     times[name].append(_refusal(exc))
@@ -518,6 +522,24 @@ def encoder_tiles(device, size, budget) -> dict:
     return {"rows": rows, "skipped": skipped, "rounds": size["tile_rounds"],
             "timer": "whole step captured in one CUDA graph, replayed" if device == "cuda" else "eager (CPU)",
             "what": "tsp_encoder's step (encoder forward + squared-output loss + backward + Adam), bf16 autocast"}
+
+
+@contextlib.contextmanager
+def contiguous_output():
+    """The small path with O allocated contiguous (B, H, N, D), as before 2026-12-05: the encoder
+    layer's transpose(1, 2).reshape then copies O (flashlab.layouts.output_like says why not)."""
+    from flashlab import flash_small
+
+    def contiguous(q, value_dim=None, dtype=None):
+        return torch.empty(*q.shape[:3], value_dim or q.shape[3], dtype=dtype or q.dtype, device=q.device)
+    saved = flash_small.output_like
+    flash_small.output_like = contiguous
+    flash_small._plans.clear()                  # plans hold O's strides
+    try:
+        yield
+    finally:
+        flash_small.output_like = saved
+        flash_small._plans.clear()
 
 
 def random_instances_for(size, n, device):

@@ -95,3 +95,19 @@ def test_the_tree_fits_what_a_gpu_call_carries():
     largest = ", ".join(f"{name} {size / 2**20:.1f} MiB"
                         for name, size in sorted(sizes.items(), key=lambda item: -item[1])[:3])
     assert total < 56 * 2**20, f"the tree is {total / 2**20:.1f} MiB (largest: {largest}); a GPU call carries 64 MiB"
+
+
+def test_small_graphs_choices_and_encoder_tiles_run_on_the_cpu(tmp_path):
+    """The GPU session's tiles phase (small_graphs --sections choices encoder_tiles) at its smoke
+    size: the fastest launches are recorded, and the encoder step is timed with the defaults, with
+    O laid out as before and with those launches, beside SDPA."""
+    import json
+
+    from measurements import small_graphs
+    assert small_graphs.main([str(tmp_path), "--smoke", "--sections", "choices", "encoder_tiles"]) == 0
+    sections = json.loads((tmp_path / "small_graphs.json").read_text())["sections"]
+    assert set(sections["choices"]["best"]["N=4 D=16"]) == {"forward", "backward"}
+    (row,) = sections["encoder_tiles"]["rows"]
+    assert {"sdpa", "flashlab default launches", "flashlab, O contiguous (before 2026-12-05)"} <= set(
+        row["median_ms_per_step"])
+    assert all(ms > 0 for ms in row["median_ms_per_step"].values())
