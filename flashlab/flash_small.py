@@ -48,6 +48,7 @@ import triton.language as tl
 
 from . import direct_launch
 from .autotune import overriding
+from .autotune_cache import gpu_slug
 from .first_order import first_order_only
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
 from .layouts import output_like
@@ -130,19 +131,25 @@ class SmallConfig:
                              f"'32xall h1 w2 s2'") from None
 
 
-# The fastest launch of each kernel measured on one GPU model, by padded head dimension and keys:
-# {"forward | 16 | 128": "64xall h1 w4", ...}, written by `python -m measurements.small_defaults`
-# from recorded `measurements/small_graphs.py --sections choices` runs (test_flash_small checks
-# that it is what those records give). Other GPUs take the rule in `default_config`.
-MEASURED_PATH = Path(__file__).with_name("tuned") / "small_path.json"
+# The fastest launch of each kernel measured on a GPU model, by padded head dimension and keys:
+# {"forward | 16 | 128": "64xall h1 w4", ...}, one file per model (named as the autotuner's
+# shipped decisions are), written by `python -m measurements.small_defaults` from recorded
+# `measurements/small_graphs.py --sections choices` runs (test_flash_small checks that each is
+# what its records give). Other GPUs take the rule in `default_config`.
+MEASURED_DIR = Path(__file__).with_name("tuned") / "small_path"
+
+
+def measured_path(gpu_name: str) -> Path:
+    return MEASURED_DIR / f"{gpu_slug(gpu_name)}.json"
 
 
 @functools.cache
 def measured_decisions(gpu_name: str) -> dict[str, SmallConfig]:
     """The measured launches for this GPU model ({} for one never measured)."""
-    if not MEASURED_PATH.exists():
+    path = measured_path(gpu_name) if gpu_name else None
+    if path is None or not path.exists():
         return {}
-    table = json.loads(MEASURED_PATH.read_text())
+    table = json.loads(path.read_text())
     if table.get("gpu") != gpu_name:
         return {}
     return {key: SmallConfig.parse(text) for key, text in table["decisions"].items()}
@@ -160,7 +167,7 @@ def _gpu_name(index: int) -> str:
 def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
-    GPU: on a GPU model whose launches were measured (`MEASURED_PATH`: the H200), the fastest
+    GPU: on a GPU model whose launches were measured (`MEASURED_DIR`: the H200), the fastest
     measured launch at this padded head dimension and key count. Elsewhere, and for shapes not
     measured, this rule: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
     N ≤ 64 whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)

@@ -85,7 +85,7 @@
 #       small_graphs_tiles.json, small_graphs_choices_d32_d64.json) and run
 #       python -m measurements.small_defaults results/h200/small_graphs_choices.json results/h200/small_graphs_tiles.json \
 #         results/h200/small_graphs_choices_d32_d64.json
-#       which rewrites flashlab/tuned/small_path.json, the H200's default launches (test_flash_small checks it); then
+#       which rewrites flashlab/tuned/small_path/nvidia-h200.json, the H200's default launches (test_flash_small checks it); then
 #       the small path's GPU tests and the table and encoder step again with those defaults (defaults-verify)
 # The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
 # over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)

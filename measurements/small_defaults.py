@@ -1,9 +1,10 @@
-"""The small path's measured launches (flashlab/tuned/small_path.json) from recorded runs of
+"""The small path's measured launches (flashlab/tuned/small_path/<gpu>.json) from recorded runs of
 ``measurements/small_graphs.py --sections choices``: for each kernel, padded head dimension and
 padded key count, the launch with the shortest CUDA-graph replay time.
 
     python -m measurements.small_defaults results/h200/small_graphs_choices.json [MORE.json ...]
     python -m measurements.small_defaults ... --check      # exit 1 if the shipped table differs
+    (--out: another file than the GPU model's own)
 
 A later record overrides an earlier one where both timed the same (kernel, D, keys); within one
 record, of two sequence lengths that pad to the same tile the longer one decides (it fills more
@@ -59,14 +60,15 @@ def table(paths: list[Path]) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="+", type=Path, help="small_graphs.json files with a choices section")
-    parser.add_argument("--out", type=Path, default=flash_small.MEASURED_PATH,
-                        help="where to write the table (default: flashlab/tuned/small_path.json)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the table (default: flashlab/tuned/small_path/<gpu>.json)")
     parser.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
     args = parser.parse_args(argv)
     for path in args.records:
         if not path.exists():
             parser.error(f"{path}: no such file")
     built = table(args.records)
+    args.out = args.out or flash_small.measured_path(built["gpu"])
     text = json.dumps(built, indent=1) + "\n"
     if args.check:
         same = args.out.exists() and args.out.read_text() == text

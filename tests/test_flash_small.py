@@ -307,14 +307,19 @@ def test_default_configurations():
 
 
 def test_measured_launches_are_what_the_records_give():
-    """flashlab/tuned/small_path.json is `measurements.small_defaults` run on the records it names:
-    no launch in it was typed by hand, and a new record changes it only through the script."""
+    """Each flashlab/tuned/small_path/<gpu>.json is `measurements.small_defaults` run on the
+    records it names: no launch in it was typed by hand, and a new record changes it only
+    through the script."""
     from measurements import small_defaults
-    table = json.loads(flash_small.MEASURED_PATH.read_text())
-    records = [ROOT / source.split(" (")[0] for source in table["source"]]
-    assert records and all(path.exists() for path in records), table["source"]
-    assert small_defaults.main([*map(str, records), "--check"]) == 0
-    assert all(flash_small.SmallConfig.parse(text) for text in table["decisions"].values())
+    files = sorted(flash_small.MEASURED_DIR.glob("*.json"))
+    assert [path.name for path in files] == ["nvidia-h200.json"]
+    for path in files:
+        table = json.loads(path.read_text())
+        assert path == flash_small.measured_path(table["gpu"])
+        records = [ROOT / source.split(" (")[0] for source in table["source"]]
+        assert records and all(record.exists() for record in records), table["source"]
+        assert small_defaults.main([*map(str, records), "--check"]) == 0
+        assert all(flash_small.SmallConfig.parse(text) for text in table["decisions"].values())
 
 
 def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
@@ -322,8 +327,8 @@ def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
     with no more query rows than Nq; another GPU, or a shape not measured, takes the rule."""
     cuda = torch.device("cuda")
     table = {"format": 1, "gpu": "GPU A", "source": [], "decisions": {"backward | 32 | 64": "32xall h1 w2 s2"}}
-    (tmp_path / "small_path.json").write_text(json.dumps(table))
-    monkeypatch.setattr(flash_small, "MEASURED_PATH", tmp_path / "small_path.json")
+    (tmp_path / "gpu-a.json").write_text(json.dumps(table))
+    monkeypatch.setattr(flash_small, "MEASURED_DIR", tmp_path)
     flash_small.measured_decisions.cache_clear()
     try:
         monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU A")
