@@ -51,7 +51,7 @@ from .autotune import overriding
 from .autotune_cache import gpu_slug
 from .first_order import first_order_only
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
-from .layouts import output_like
+from .layouts import output_layout
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
@@ -359,23 +359,22 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
            dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
 
-    out = output_like(q)                        # its layout is a function of q's strides, part of the key
-
     def build():
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
         config = _config("forward", n_q, n_k, q.device, head_dim)
-        out_strides = out.stride()[:3]
+        out_shape, out_strides = output_layout(q)          # a function of q's strides, part of the key
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
-        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides,
+        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides[:3],
                 H, B * H, n_q, n_k, head_dim, group)
         constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
                          BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
                          **config.kwargs())
-        return grid, ints, constants, (B, H, n_q)
+        return grid, ints, constants, (B, H, n_q), out_shape, out_strides
 
     plan = _plan(key, build)
-    grid, ints, constants, lse_shape = plan
+    grid, ints, constants, lse_shape, out_shape, out_strides = plan
+    out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     args = (q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p)
     if q.is_cuda:

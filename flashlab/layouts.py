@@ -17,9 +17,14 @@ def output_like(q: Tensor, value_dim: int | None = None, dtype: torch.dtype | No
     (one read and one write of O per layer). Otherwise O is contiguous (B, H, Nq, Dv).
     The kernels take O's strides, so either layout is one launch; the fake must say the same
     strides as the real op, or a compiled graph stops at the op's output (Inductor checks)."""
+    shape, strides = output_layout(q, value_dim)
+    return torch.empty_strided(shape, strides, dtype=dtype or q.dtype, device=q.device)
+
+
+def output_layout(q: Tensor, value_dim: int | None = None) -> tuple[tuple, tuple]:
+    """`output_like`'s (shape, strides), for launchers that keep them per call signature."""
     B, H, n_q, head_dim = q.shape
-    shape_dtype = dict(dtype=dtype or q.dtype, device=q.device)
     dv = head_dim if value_dim is None else value_dim
-    if q.stride(1) < q.stride(2):
-        return torch.empty(B, n_q, H, dv, **shape_dtype).transpose(1, 2)
-    return torch.empty(B, H, n_q, dv, **shape_dtype)
+    if q.stride(1) < q.stride(2):                   # (B, Nq, H, Dv) in memory
+        return (B, H, n_q, dv), (n_q * H * dv, dv, H * dv, 1)
+    return (B, H, n_q, dv), (H * n_q * dv, n_q * dv, dv, 1)
