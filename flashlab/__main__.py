@@ -440,7 +440,8 @@ def _eval_tsp_options(p) -> None:
                    help="cities per test instance (≥ 3; default: the checkpoint's, as it was trained)")
     p.add_argument("--instances", type=POSITIVE, default=10000, help="test instances (default 10000)")
     # Training draws step s's instances from seed·1,000,003 + s: this default is far from those.
-    p.add_argument("--seed", type=NON_NEGATIVE, default=1_234_567_891, help="test-set seed (default 1234567891)")
+    p.add_argument("--seed", type=_bounded(int, low=0, high=2**64 - 1), default=1_234_567_891,
+                   help="test-set seed, 0 ≤ seed < 2^64 as torch.manual_seed takes it (default 1234567891)")
     p.add_argument("--save-tours", help="write the test seed, tours and lengths to this .npz file "
                                            "(flashlab.tsp.load_tours reads it)")
     p.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",

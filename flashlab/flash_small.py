@@ -123,9 +123,11 @@ class SmallConfig:
         try:
             block, *fields = text.split()
             values = {f[0]: int(f[1:]) for f in fields}
-            if not block.endswith("xall") or not set(values) <= {"h", "w", "s"}:
+            numbers = [int(block[:-4]), *values.values()]
+            if not block.endswith("xall") or not set(values) <= {"h", "w", "s"} or len(values) != len(fields) \
+                    or min(numbers) < 1:
                 raise ValueError
-            return cls(int(block[:-4]), values.get("h", 1), values.get("w", 4), values.get("s", 1))
+            return cls(numbers[0], values.get("h", 1), values.get("w", 4), values.get("s", 1))
         except (ValueError, IndexError):
             raise ValueError(f"small-path configuration {text!r}: expected e.g. '64xall h1 w4' or "
                              f"'32xall h1 w2 s2'") from None

@@ -16,7 +16,9 @@ def output_like(q: Tensor, value_dim: int | None = None, dtype: torch.dtype | No
     layer's next step, ``o.transpose(1, 2).reshape(B, N, H·Dv)``, is then a view instead of a copy
     (one read and one write of O per layer). Otherwise O is contiguous (B, H, Nq, Dv).
     The kernels take O's strides, so either layout is one launch; the fake must say the same
-    strides as the real op, or a compiled graph stops at the op's output (Inductor checks)."""
+    strides as the real op, or a compiled graph stops at the op's output (Inductor checks).
+    (With Dv ≠ D, `flashlab.attention` pads q and k, or v, to one width, contiguous, and slices
+    O back: merging heads copies there.)"""
     shape, strides = output_layout(q, value_dim)
     return torch.empty_strided(shape, strides, dtype=dtype or q.dtype, device=q.device)
 

@@ -117,7 +117,11 @@ def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
                                             input_precision, window)
     dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale, window)
              .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
-    return _as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype), dmask
+    grads = [_as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype)]
+    for i, t in enumerate((q, k, v)):
+        if t.stride(-1) != 1:            # the kernels saw a row-contiguous copy of t: its gradient as the fake says
+            grads[i] = torch.empty_like(t).copy_(grads[i])
+    return *grads, dmask
 
 
 flash_attention_backward = torch.library.custom_op("flashlab::flash_attention_backward", mutates_args=())(

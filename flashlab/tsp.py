@@ -229,8 +229,9 @@ def save_tours(path, seed: int, tours: torch.Tensor, lengths: torch.Tensor) -> N
     import numpy as np
     n = tours.shape[1]
     index_type = np.uint8 if n <= 256 else np.uint16 if n <= 65536 else np.int64
-    np.savez_compressed(path, seed=np.int64(seed), tours=tours.cpu().numpy().astype(index_type),
-                        lengths=lengths.float().cpu().numpy())
+    with open(path, "wb") as f:          # this path exactly (given a name, numpy would add ".npz")
+        np.savez_compressed(f, seed=np.uint64(seed), tours=tours.cpu().numpy().astype(index_type),
+                            lengths=lengths.float().cpu().numpy())
 
 
 def load_tours(path) -> dict:

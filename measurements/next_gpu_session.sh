@@ -89,7 +89,7 @@
 #       the small path's GPU tests and the table and encoder step again with those defaults (defaults-verify)
 # The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
 # over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)
-# and the TSP metrics CSVs are gzipped: 54 MB; tests/test_environment.py keeps the tree under 56 MiB.
+# and the TSP metrics CSVs are gzipped: 54 MB; tests/test_measurements.py keeps the tree under 56 MiB.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2

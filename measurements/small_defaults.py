@@ -48,8 +48,8 @@ def table(paths: list[Path]) -> dict:
         gpu = name
         for key, best in fastest(record).items():
             decisions[key] = best
-        sources.append(f"{path.relative_to(ROOT) if path.is_absolute() else path} "
-                       f"({record['environment'].get('date', 'undated')})")
+        shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+        sources.append(f"{shown} ({record['environment'].get('date', 'undated')})")
     return {"format": 1, "gpu": gpu, "source": sources,
             "how": "each (kernel | padded D | padded keys): the fastest launch of "
                    "measurements/small_graphs.py --sections choices, CUDA-graph replay, B·H = 4096, bf16",

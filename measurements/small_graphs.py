@@ -530,15 +530,17 @@ def contiguous_output():
     layer's transpose(1, 2).reshape then copies O (flashlab.layouts.output_like says why not)."""
     from flashlab import flash_small
 
-    def contiguous(q, value_dim=None, dtype=None):
-        return torch.empty(*q.shape[:3], value_dim or q.shape[3], dtype=dtype or q.dtype, device=q.device)
-    saved = flash_small.output_like
-    flash_small.output_like = contiguous
+    def contiguous(q, value_dim=None):
+        B, H, n_q, head_dim = q.shape
+        dv = head_dim if value_dim is None else value_dim
+        return (B, H, n_q, dv), (H * n_q * dv, n_q * dv, dv, 1)
+    saved = flash_small.output_layout
+    flash_small.output_layout = contiguous
     flash_small._plans.clear()                  # plans hold O's strides
     try:
         yield
     finally:
-        flash_small.output_like = saved
+        flash_small.output_layout = saved
         flash_small._plans.clear()
 
 

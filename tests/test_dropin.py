@@ -198,6 +198,20 @@ def test_opcheck_with_the_layouts_attention_layers_pass(layout, n):
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+@pytest.mark.parametrize("n", [8, 300])
+def test_backward_ops_fake_says_the_gradients_strides_when_rows_are_strided(n):
+    """q, k, v whose head dimension is not contiguous (a transposed view): the kernels read
+    row-contiguous copies, and the gradients must still come back in the layout the backward
+    op's fake says (empty_like of each input), or Inductor stops the compiled backward."""
+    q, k, v = (torch.randn(1, 2, 16, n).transpose(-1, -2) for _ in range(3))      # (1, 2, n, 16), stride(-1) = n
+    out, lse = ops.flash_attention_forward(q, k, v, None, 0.0, None, False, 0.25, "ieee")
+    grad_out = torch.randn_like(out)
+    args = (grad_out, q, k, v, out, lse, None, 0.0, None, False, 0.25, "ieee", False)
+    result = torch.library.opcheck(torch.ops.flashlab.flash_attention_backward.default, args,
+                                   test_utils=("test_schema", "test_faketensor"))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
 @pytest.mark.skipif(not any(map(shutil.which, ("c++", "g++", "clang++"))),
                     reason="Inductor compiles C++ for the CPU: no C++ compiler here")
 def test_inductor_compiles_a_layer_that_passes_transposed_heads():

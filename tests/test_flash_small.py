@@ -312,7 +312,7 @@ def test_measured_launches_are_what_the_records_give():
     through the script."""
     from measurements import small_defaults
     files = sorted(flash_small.MEASURED_DIR.glob("*.json"))
-    assert [path.name for path in files] == ["nvidia-h200.json"]
+    assert "nvidia-h200.json" in [path.name for path in files]
     for path in files:
         table = json.loads(path.read_text())
         assert path == flash_small.measured_path(table["gpu"])

@@ -95,6 +95,8 @@ def test_load_tours_refuses_lengths_that_are_not_the_tours_of_the_seed(tmp_path)
     path = tmp_path / "tours.npz"
     save_tours(path, 3, tours, tour_length(coords, tours))
     assert torch.equal(torch.from_numpy(load_tours(path)["tours"]), tours)
+    save_tours(tmp_path / "tours", 2**64 - 1, tours, tour_length(coords, tours))    # the name given, any seed
+    assert (tmp_path / "tours").exists() and not (tmp_path / "tours.npz.npz").exists()
     save_tours(path, 4, tours, tour_length(coords, tours))          # the cities of another seed
     with pytest.raises(ValueError, match="not those of its tours over the cities of seed 4"):
         load_tours(path)
