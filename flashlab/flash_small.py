@@ -157,8 +157,10 @@ def measured_decisions(gpu_name: str) -> dict[str, SmallConfig]:
     return {key: SmallConfig.parse(text) for key, text in table["decisions"].items()}
 
 
-def decision_key(kernel: str, head_dim: int, n_k: int) -> str:
-    return f"{kernel} | {_pow2(head_dim)} | {_pow2(n_k)}"
+def decision_key(kernel: str, head_dim: int, n_k: int, element_size: int) -> str:
+    """"kernel | padded D | padded keys | bytes per input element": the element size decides the
+    tiles' registers and shared memory (bf16 and fp16 alike, fp32 double)."""
+    return f"{kernel} | {_pow2(head_dim)} | {_pow2(n_k)} | {element_size}"
 
 
 @functools.cache
@@ -166,13 +168,15 @@ def _gpu_name(index: int) -> str:
     return torch.cuda.get_device_name(index) if torch.cuda.is_available() else ""
 
 
-def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64) -> SmallConfig:
+def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64,
+                   element_size: int = 2) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
     GPU: on a GPU model whose launches were measured (`MEASURED_DIR`: the H200), the fastest
-    measured launch at this padded head dimension and key count. Elsewhere, and for shapes not
-    measured, this rule: a score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers
-    N ≤ 64 whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
+    measured launch at this padded head dimension, key count and element size (``element_size``:
+    bytes per input element). Elsewhere, and for shapes and dtypes not measured, this rule: a
+    score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers N ≤ 64
+    whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
     beside dK and dV; 4 warps; one head per program: B·H = 4096 programs are 30 waves of an
     H200's 132 SMs already, so packing heads buys no occupancy. At D = 16 (the routing models')
     dK and dV are small enough for a 64 × 128 backward tile, and short sequences run best on
@@ -185,7 +189,8 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
     block_n = _pow2(n_k)
     if device.type != "cuda":
         return SmallConfig(block_m=_pow2(n_q))
-    measured = measured_decisions(_gpu_name(device.index or 0)).get(decision_key(kernel, head_dim, n_k))
+    measured = measured_decisions(_gpu_name(device.index or 0)).get(decision_key(kernel, head_dim, n_k,
+                                                                                 element_size))
     if measured is not None:
         # measured with Nq = Nk; fewer queries than a measured tile's rows need no more rows than Nq
         return dataclasses.replace(measured, block_m=min(measured.block_m, _pow2(n_q)))
@@ -364,7 +369,7 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     def build():
         B, H, n_q, head_dim = q.shape
         n_k, group = k.shape[2], H // k.shape[1]
-        config = _config("forward", n_q, n_k, q.device, head_dim)
+        config = _config("forward", n_q, n_k, q.device, head_dim, q.element_size())
         out_shape, out_strides = output_layout(q)          # a function of q's strides, part of the key
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
         ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides[:3],
@@ -400,7 +405,7 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     def build():
         B, H, n_q, head_dim = q.shape
         H_kv, n_k = k.shape[1], k.shape[2]
-        config = _config("backward", n_q, n_k, q.device, head_dim)
+        config = _config("backward", n_q, n_k, q.device, head_dim, q.element_size())
         grid = (-(-B * H_kv // config.heads),)
         ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
             s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
@@ -420,8 +425,9 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     return dq, dk, dv
 
 
-def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int) -> SmallConfig:
-    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device, head_dim)
+def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int,
+            element_size: int) -> SmallConfig:
+    return _forced.get(kernel) or default_config(kernel, n_q, n_k, device, head_dim, element_size)
 
 
 # -- eager calls -----------------------------------------------------------------------------

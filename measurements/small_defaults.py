@@ -1,6 +1,6 @@
 """The small path's measured launches (flashlab/tuned/small_path/<gpu>.json) from recorded runs of
 ``measurements/small_graphs.py --sections choices``: for each kernel, padded head dimension and
-padded key count, the launch with the shortest CUDA-graph replay time.
+padded key count and element size, the launch with the shortest CUDA-graph replay time.
 
     python -m measurements.small_defaults results/h200/small_graphs_choices.json [MORE.json ...]
     python -m measurements.small_defaults ... --check      # exit 1 if the shipped table differs
@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from flashlab import flash_small
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +32,9 @@ def fastest(record: dict) -> dict[str, dict]:
     for row in rows:
         if not isinstance(row["ms"], float):
             continue                                   # a launch the compiler refused
-        key = flash_small.decision_key(row["kernel"], row["D"], row["N"])
+        # choices timed bf16 on a GPU; rows say their dtype since 2026-12-05
+        element_size = getattr(torch, row.get("dtype", "torch.bfloat16").removeprefix("torch.")).itemsize
+        key = flash_small.decision_key(row["kernel"], row["D"], row["N"], element_size)
         mine = best.get(key)
         if mine is None or row["N"] > mine["N"] or (row["N"] == mine["N"] and row["ms"] < mine["ms"]):
             best[key] = {"config": row["config"], "ms": row["ms"], "N": row["N"]}
@@ -51,8 +55,8 @@ def table(paths: list[Path]) -> dict:
         shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
         sources.append(f"{shown} ({record['environment'].get('date', 'undated')})")
     return {"format": 1, "gpu": gpu, "source": sources,
-            "how": "each (kernel | padded D | padded keys): the fastest launch of "
-                   "measurements/small_graphs.py --sections choices, CUDA-graph replay, B·H = 4096, bf16",
+            "how": "each (kernel | padded D | padded keys | bytes per element): the fastest launch of "
+                   "measurements/small_graphs.py --sections choices, CUDA-graph replay, B·H = 4096",
             "decisions": {key: best["config"] for key, best in sorted(decisions.items())},
             "replay_ms": {key: round(best["ms"], 5) for key, best in sorted(decisions.items())}}
 

@@ -438,7 +438,7 @@ def choices(device, size, budget) -> dict:
         width = flash_small._pow2(N)
         for kernel, options, fn in (("forward", FORWARD_CHOICES, forward),
                                     ("backward", BACKWARD_CHOICES, forward_backward)):
-            default = flash_small.default_config(kernel, N, N, torch.device(device), D)
+            default = flash_small.default_config(kernel, N, N, torch.device(device), D, dtype.itemsize)
             for block_m, heads, warps, stages in options:
                 if block_m > width:
                     continue
@@ -459,7 +459,8 @@ def choices(device, size, budget) -> dict:
                         ms = timer(fn, device, size)
                 except Exception as exc:
                     ms, error = _refusal(exc), None
-                rows.append({"N": N, "D": D, "kernel": kernel, "config": str(config), "default": config == default,
+                rows.append({"N": N, "D": D, "dtype": str(dtype), "kernel": kernel, "config": str(config),
+                             "default": config == default,
                              "block_m": block_m, "heads": heads, "num_warps": warps, "num_stages": stages,
                              "ms": ms, "what": "fwd" if kernel == "forward" else "fwd+bwd (default forward)",
                              "forward_rel_diff_vs_default": error})
@@ -491,7 +492,9 @@ def encoder_tiles(device, size, budget) -> dict:
         if best is None or len(best) < 2:
             skipped.append({"nodes": n, "why": "choices did not time both kernels at this N and D = 16"})
             continue
-        defaults = {kern: flash_small.default_config(kern, n, n, torch.device(device), 16) for kern in best}
+        element_size = 2 if device == "cuda" else 4                      # the step's bf16 autocast on a GPU
+        defaults = {kern: flash_small.default_config(kern, n, n, torch.device(device), 16, element_size)
+                    for kern in best}
         coords = random_instances_for(size, n, device)
         variants = [("sdpa", F.scaled_dot_product_attention, {}), ("flashlab default launches", attention, {}),
                     ("flashlab, O contiguous (before 2026-12-05)", attention, {"contiguous_output": True})]

@@ -326,7 +326,7 @@ def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
     """On the GPU model the table names, a measured (kernel, D, keys) takes its measured launch,
     with no more query rows than Nq; another GPU, or a shape not measured, takes the rule."""
     cuda = torch.device("cuda")
-    table = {"format": 1, "gpu": "GPU A", "source": [], "decisions": {"backward | 32 | 64": "32xall h1 w2 s2"}}
+    table = {"format": 1, "gpu": "GPU A", "source": [], "decisions": {"backward | 32 | 64 | 2": "32xall h1 w2 s2"}}
     (tmp_path / "gpu-a.json").write_text(json.dumps(table))
     monkeypatch.setattr(flash_small, "MEASURED_DIR", tmp_path)
     flash_small.measured_decisions.cache_clear()
@@ -336,6 +336,7 @@ def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
         assert flash_small.default_config("backward", 40, 33, cuda, 17) == flash_small.SmallConfig(32, 1, 2, 2)
         assert flash_small.default_config("backward", 5, 50, cuda, 32) == flash_small.SmallConfig(16, 1, 2, 2)
         assert flash_small.default_config("forward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)   # the rule
+        assert flash_small.default_config("backward", 50, 50, cuda, 32, 4) == flash_small.SmallConfig(64)   # fp32
         monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU B")
         assert flash_small.default_config("backward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)
     finally:
