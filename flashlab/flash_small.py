@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from . import direct_launch
+from .autotune import _gpu_name as autotune_gpu_name
 from .autotune import overriding
 from .autotune_cache import gpu_slug
 from .first_order import first_order_only
@@ -163,9 +164,9 @@ def decision_key(kernel: str, head_dim: int, n_k: int, element_size: int) -> str
     return f"{kernel} | {_pow2(head_dim)} | {_pow2(n_k)} | {element_size}"
 
 
-@functools.cache
-def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index) if torch.cuda.is_available() else ""
+def _gpu_name(device: torch.device) -> str:
+    """The autotuner's (cached) device name; "" where no GPU can be asked (CPU tests of the rule)."""
+    return autotune_gpu_name(device) if torch.cuda.is_available() else ""
 
 
 def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int = 64,
@@ -189,7 +190,7 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
     block_n = _pow2(n_k)
     if device.type != "cuda":
         return SmallConfig(block_m=_pow2(n_q))
-    measured = measured_decisions(_gpu_name(device.index or 0)).get(decision_key(kernel, head_dim, n_k,
+    measured = measured_decisions(_gpu_name(device)).get(decision_key(kernel, head_dim, n_k,
                                                                                  element_size))
     if measured is not None:
         # measured with Nq = Nk; fewer queries than a measured tile's rows need no more rows than Nq

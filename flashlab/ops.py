@@ -59,13 +59,11 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _in_layout_of(out: Tensor, q: Tensor) -> Tensor:
-    """``out`` in `output_like(q)`'s layout (a copy only where the kernels saw another q: a CPU
-    half-precision call computed in fp32, or a q whose rows were made contiguous)."""
-    want = output_like(q, out.shape[-1])
-    if out.stride() == want.stride():
-        return out
-    return want.copy_(out)
+def _in_layout_of(result: Tensor, want: Tensor) -> Tensor:
+    """``result`` in the empty tensor ``want``'s layout, the one the op's fake says: a copy only
+    where the kernels saw another tensor than the op's input (a CPU half-precision call computed
+    in fp32, or an input whose rows were made contiguous)."""
+    return result if result.stride() == want.stride() else want.copy_(result)
 
 
 _flash_launch = None
@@ -91,7 +89,7 @@ def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, d
                                          scale, input_precision, (window_left, window_right))
     out = _as(out, q.dtype)
     if qc is not q or q.stride(-1) != 1:            # the kernels saw a copy of q: O as the fake says
-        out = _in_layout_of(out, q)
+        out = _in_layout_of(out, output_like(q, out.shape[-1]))
     return out, lse
 
 
@@ -119,8 +117,8 @@ def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
              .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
     grads = [_as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype)]
     for i, t in enumerate((q, k, v)):
-        if t.stride(-1) != 1:            # the kernels saw a row-contiguous copy of t: its gradient as the fake says
-            grads[i] = torch.empty_like(t).copy_(grads[i])
+        if t.stride(-1) != 1:            # the kernels saw a row-contiguous copy of t
+            grads[i] = _in_layout_of(grads[i], torch.empty_like(t))
     return *grads, dmask
 
 

@@ -242,9 +242,28 @@ def _autocast(device):
     return torch.autocast(device, dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
 
 
+def _encoder_step(attention_fn, coords, device, mode=None):
+    """One encoder training step (forward, squared-output loss, backward, Adam) of a fresh seeded
+    model; with ``mode`` the encoder compiled as the trainer compiles it (forward and its
+    backward; Adam stays eager)."""
+    from flashlab.tsp import AttentionModel
+    torch.manual_seed(0)
+    model = AttentionModel(attention_fn=attention_fn).to(device)
+    encode = torch.compile(model.encode, mode=mode) if mode else model.encode
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with _autocast(device):
+            out = encode(coords)
+        out.float().square().mean().backward()
+        optimizer.step()
+    return step
+
+
 def tsp_encoder(device, size, budget) -> dict:
     from flashlab.flash_attention import attention
-    from flashlab.tsp import AttentionModel, random_instances
+    from flashlab.tsp import random_instances
     rows, skipped = [], []
     for n in size["tsp_nodes"]:
         if budget.over():
@@ -259,19 +278,8 @@ def tsp_encoder(device, size, budget) -> dict:
                 if mode and budget.over():
                     row[column] = f"skipped: time budget of {budget.seconds:.0f} s spent"
                     continue
-                torch.manual_seed(0)
                 torch._dynamo.reset()
-                model = AttentionModel(attention_fn=fn).to(device)
-                # compiled as the trainer compiles (forward and its backward; Adam stays eager)
-                encode = torch.compile(model.encode, mode=mode) if mode else model.encode
-                optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-                def step(encode=encode, optimizer=optimizer):
-                    optimizer.zero_grad(set_to_none=True)
-                    with _autocast(device):
-                        out = encode(coords)
-                    out.float().square().mean().backward()
-                    optimizer.step()
+                step = _encoder_step(fn, coords, device, mode)
                 try:
                     for _ in range(3 if mode else 0):
                         step()                         # compilation and CUDA-graph recording, untimed
@@ -461,7 +469,6 @@ def choices(device, size, budget) -> dict:
                     ms, error = _refusal(exc), None
                 rows.append({"N": N, "D": D, "dtype": str(dtype), "kernel": kernel, "config": str(config),
                              "default": config == default,
-                             "block_m": block_m, "heads": heads, "num_warps": warps, "num_stages": stages,
                              "ms": ms, "what": "fwd" if kernel == "forward" else "fwd+bwd (default forward)",
                              "forward_rel_diff_vs_default": error})
         best = {}
@@ -469,8 +476,7 @@ def choices(device, size, budget) -> dict:
             if r["N"] == N and r["D"] == D and isinstance(r["ms"], float):
                 if r["kernel"] not in best or r["ms"] < best[r["kernel"]]["ms"]:
                     best[r["kernel"]] = r
-        _best_choices[N, D] = {kern: flash_small.SmallConfig(r["block_m"], r["heads"], r["num_warps"], r["num_stages"])
-                               for kern, r in best.items()}
+        _best_choices[N, D] = {kern: flash_small.SmallConfig.parse(r["config"]) for kern, r in best.items()}
         log(f"choices N={N} D={D}: " + ", ".join(f"{kern} best {r['config']} {r['ms']:.4f} ms"
                                                  for kern, r in best.items()))
     return {"rows": rows, "skipped": skipped, "timer": "CUDA graph replay" if device == "cuda" else "eager (CPU)",
@@ -486,6 +492,7 @@ def encoder_tiles(device, size, budget) -> dict:
     rounds' spread. Needs `choices` earlier in the same run."""
     from flashlab import flash_small
     from flashlab.flash_attention import attention
+    from flashlab.tsp import random_instances
     rows, skipped = [], []
     for n in size["tsp_nodes"]:
         best = _best_choices.get((n, 16))
@@ -495,20 +502,19 @@ def encoder_tiles(device, size, budget) -> dict:
         element_size = 2 if device == "cuda" else 4                      # the step's bf16 autocast on a GPU
         defaults = {kern: flash_small.default_config(kern, n, n, torch.device(device), 16, element_size)
                     for kern in best}
-        coords = random_instances_for(size, n, device)
-        variants = [("sdpa", F.scaled_dot_product_attention, {}), ("flashlab default launches", attention, {}),
-                    ("flashlab, O contiguous (before 2026-12-05)", attention, {"contiguous_output": True})]
+        coords = random_instances(size["tsp_batch"], n, seed=n, device=device)     # tsp_encoder's instances
+        variants = [("sdpa", F.scaled_dot_product_attention, contextlib.nullcontext),
+                    ("flashlab default launches", attention, contextlib.nullcontext),
+                    ("flashlab, O contiguous (before 2026-12-05)", attention, contiguous_output)]
         if best != defaults:
-            variants.append(("flashlab fastest launches", attention, best))
+            variants.append(("flashlab fastest launches", attention, lambda: flash_small.force(**best)))
         times = {name: [] for name, _, _ in variants}
         for _ in range(size["tile_rounds"]):
-            for name, fn, forced in variants:
+            for name, fn, context in variants:
                 if budget.over():
                     break
                 try:
-                    forced = dict(forced)
-                    layout = contiguous_output() if forced.pop("contiguous_output", False) else contextlib.nullcontext()
-                    with flash_small.force(**forced), layout:
+                    with context():
                         times[name].append(_encoder_step_ms(fn, coords, size, device))
                 except Exception as exc:
                     times[name].append(_refusal(exc))
@@ -532,12 +538,10 @@ def contiguous_output():
     """The small path with O allocated contiguous (B, H, N, D), as before 2026-12-05: the encoder
     layer's transpose(1, 2).reshape then copies O (flashlab.layouts.output_like says why not)."""
     from flashlab import flash_small
+    saved = flash_small.output_layout
 
     def contiguous(q, value_dim=None):
-        B, H, n_q, head_dim = q.shape
-        dv = head_dim if value_dim is None else value_dim
-        return (B, H, n_q, dv), (H * n_q * dv, n_q * dv, dv, 1)
-    saved = flash_small.output_layout
+        return saved(torch.empty(q.shape, device="meta"), value_dim)      # the rule's layout for a contiguous q
     flash_small.output_layout = contiguous
     flash_small._plans.clear()                  # plans hold O's strides
     try:
@@ -547,25 +551,11 @@ def contiguous_output():
         flash_small._plans.clear()
 
 
-def random_instances_for(size, n, device):
-    from flashlab.tsp import random_instances
-    return random_instances(size["tsp_batch"], n, seed=n, device=device)
-
-
 def _encoder_step_ms(attention_fn, coords, size, device) -> float:
     """The encoder step captured whole on a GPU; eager on a CPU (the smoke run proves the code runs)."""
     if device == "cuda":
         return _captured_encoder_step_ms(attention_fn, coords, size)
-    from flashlab.tsp import AttentionModel
-    torch.manual_seed(0)
-    model = AttentionModel(attention_fn=attention_fn)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        model.encode(coords).square().mean().backward()
-        optimizer.step()
-    return eager_ms(step, device, size)
+    return eager_ms(_encoder_step(attention_fn, coords, device), device, size)
 
 
 # -- the run ------------------------------------------------------------------------------------

@@ -331,13 +331,13 @@ def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
     monkeypatch.setattr(flash_small, "MEASURED_DIR", tmp_path)
     flash_small.measured_decisions.cache_clear()
     try:
-        monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU A")
+        monkeypatch.setattr(flash_small, "_gpu_name", lambda device: "GPU A")
         assert flash_small.default_config("backward", 50, 50, cuda, 32) == flash_small.SmallConfig(32, 1, 2, 2)
         assert flash_small.default_config("backward", 40, 33, cuda, 17) == flash_small.SmallConfig(32, 1, 2, 2)
         assert flash_small.default_config("backward", 5, 50, cuda, 32) == flash_small.SmallConfig(16, 1, 2, 2)
         assert flash_small.default_config("forward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)   # the rule
         assert flash_small.default_config("backward", 50, 50, cuda, 32, 4) == flash_small.SmallConfig(64)   # fp32
-        monkeypatch.setattr(flash_small, "_gpu_name", lambda index: "GPU B")
+        monkeypatch.setattr(flash_small, "_gpu_name", lambda device: "GPU B")
         assert flash_small.default_config("backward", 50, 50, cuda, 32) == flash_small.SmallConfig(64)
     finally:
         flash_small.measured_decisions.cache_clear()
