@@ -32,6 +32,7 @@ def window_key_tiles(first_query: int, last_query: int, q_len: int, k_len: int, 
     Key tile t holds keys t·block_n .. (t+1)·block_n − 1. Return the start key (t·block_n) of
     every tile that holds at least one key seen by at least one of the rows, in increasing
     order (an empty list if the rows see no key). Compute it from the window's bounds in
-    O(1) arithmetic (the kernel's loop bounds), not by testing every (query, key) pair.
+    O(1) arithmetic (the kernel's loop bounds), not by testing every (query, key) pair or
+    every tile: a test calls it on a sequence of 2**50 tokens, where only the bounds finish.
     """
     raise NotImplementedError

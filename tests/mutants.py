@@ -146,6 +146,13 @@ MUTANTS = [
     ("ex10_split_kv_merge", "no maximum subtracted", "w = torch.exp(lse_parts - shift)", "w = torch.exp(lse_parts)"),
     ("ex10_split_kv_merge", "log-sum-exp without the shift added back", "return o, shift + torch.log(total)",
      "return o, torch.log(total)"),
+    ("ex10_split_kv_merge", "no maximum at all (w = exp(L_s), L = log Σ w)",
+     ("w = torch.exp(lse_parts - shift)", "return o, shift + torch.log(total)"),
+     ("w = torch.exp(lse_parts)", "return o, torch.log(total)")),
+    ("ex10_split_kv_merge", "rows with no key: m = −inf subtracted (NaN)",
+     "shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)", "shift = m"),
+    ("ex10_split_kv_merge", "outputs in float32 whatever the inputs' dtype", "return o, shift + torch.log(total)",
+     "return o.float(), (shift + torch.log(total)).float()"),
     ("ex10b_packing_windows", "offsets without the leading 0", "    offsets = [0]\n", "    offsets = []\n"),
     ("ex10b_packing_windows", "the last key one short (no + 1)", "last_query + shift + right + 1)",
      "last_query + shift + right)"),
@@ -153,6 +160,9 @@ MUTANTS = [
      "    shift = 0\n"),
     ("ex10b_packing_windows", "first tile not rounded down to a tile start", "range(lo // block_n * block_n, hi",
      "range(lo, hi"),
+    ("ex10b_packing_windows", "every (query, key) pair tested (brute force, not O(1))", "    shift = k_len - q_len\n",
+     "    shift = k_len - q_len\n    return sorted({j // block_n * block_n for i in range(first_query, last_query + 1)"
+     " for j in range(k_len) if (left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)})\n"),
 ]
 
 

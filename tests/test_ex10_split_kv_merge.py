@@ -1,5 +1,5 @@
 """Tests for exercise 10 (the split-KV merge): any split of the keys, merged, is the whole
-row's attention; empty splits; large log-sum-exps."""
+row's attention; empty splits; large log-sum-exps; the inputs' dtype kept."""
 
 import pytest
 import torch
@@ -17,6 +17,17 @@ def _split_results(scores, v, cuts):
         o_parts.append(p @ v[a:b])
         lse_parts.append(lse)
     return torch.stack(o_parts), torch.stack(lse_parts)
+
+
+def _what_is_not_finite(o, lse, row) -> str:
+    """What the test saw in one row: which of O and L hold NaN or ±inf ("" if both are finite)."""
+    seen = []
+    for name, t in (("O", o[row]), ("L", lse[row])):
+        kinds = [k for k, bad in (("NaN", torch.isnan(t).any()), ("+inf", torch.isposinf(t).any()),
+                                  ("−inf", torch.isneginf(t).any())) if bad]
+        if kinds:
+            seen.append(f"{name} holds {'/'.join(kinds)}")
+    return " and ".join(seen)
 
 
 @pytest.mark.parametrize("cuts", [[0, 50], [0, 17, 50], [0, 1, 2, 30, 49, 50], [0, 0, 20, 20, 50]])
@@ -37,8 +48,11 @@ def test_large_log_sum_exps_do_not_overflow(exercise):
     scores = torch.randn(2, 40, dtype=torch.float64) * 5 + 1000.0
     v = torch.randn(40, 4, dtype=torch.float64)
     o, lse = exercise.merge_splits(*_split_results(scores, v, [0, 13, 40]))
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), \
-        "O or L is not finite: subtract m = max over the splits of L_s (per row) before exponentiating"
+    seen = "; ".join(f"row {r}: {s}" for r in range(2) if (s := _what_is_not_finite(o, lse, r)))
+    assert not seen, (
+        f"every L_s is about 1000 here and the result is not finite ({seen}). exp(L_s) overflows float64 "
+        f"above L_s ≈ 709, so the weights must be exp(L_s − m) with m = max_s L_s of the row, and L = m + "
+        f"log Σ_s w_s. Likely causes: exponentiating L_s before subtracting m, or not subtracting m at all")
     assert_close(o, torch.softmax(scores, -1) @ v, what="O")
 
 
@@ -49,7 +63,17 @@ def test_each_row_takes_its_own_maximum(exercise):
     scores[0] += 1000.0
     v = torch.randn(40, 4, dtype=torch.float64)
     o, lse = exercise.merge_splits(*_split_results(scores, v, [0, 13, 40]))
-    assert torch.isfinite(lse).all(), "a row lost all its weight: take m = max over the splits per row, not overall"
+    causes = {
+        0: "row 0's L_s are near 1000 and exp(L_s) overflows float64 (above ≈ 709): subtract the row's "
+           "maximum m before exponentiating, w_s = exp(L_s − m)",
+        1: "row 1's L_s are near 0, about 1000 below row 0's: if m was taken over every row (1000) rather "
+           "than over the splits of row 1 alone, exp(L_s − m) underflows to 0 and the row loses all its weight: "
+           "take m = max over the splits (dim 0) for each row",
+    }
+    seen = {r: s for r in range(2) if (s := _what_is_not_finite(o, lse, r))}
+    assert not seen, ("rows whose log-sum-exps differ by about 1000 give a result that is not finite: "
+                      + "; ".join(f"row {r}: {s}" for r, s in seen.items()) + ". Likely: "
+                      + "; ".join(causes[r] for r in seen))
     assert_close(o, torch.softmax(scores, -1) @ v, what="O (rows of very different size)")
     assert_close(lse, torch.logsumexp(scores, -1), what="L (rows of very different size)")
 
@@ -59,22 +83,37 @@ def test_rows_with_no_key_give_zeros(exercise):
     lse_parts = torch.full((3, 2), -torch.inf, dtype=torch.float64)
     o_parts[1, 0], lse_parts[1, 0] = torch.arange(4.0, dtype=torch.float64), 0.7   # row 0: one split has keys
     o, lse = exercise.merge_splits(o_parts, lse_parts)
-    nan_rows = (torch.isnan(o).any(-1) | torch.isnan(lse)).nonzero().flatten().tolist()
-    assert not nan_rows, (f"rows whose every split is empty must give O = 0 and L = −inf (got NaN in row(s) "
-                          f"{nan_rows}: O = {o.tolist()}, L = {lse.tolist()}); row 1 has no key in any split, so "
-                          f"m = max_s L_s = −inf and L_s − m = −inf − (−inf) = NaN: subtract 0 there instead of m, "
-                          f"and divide by 1 where the weights sum to 0")
+    o_nan, lse_nan = torch.isnan(o).any(-1), torch.isnan(lse)
+    if (o_nan | lse_nan).any():
+        if lse_nan.any():     # log of a zero sum is −inf, not NaN: a NaN in L came from the weights, L_s − m
+            cause = ("L is NaN, so the weights were: with every L_s = −inf, m = max_s L_s = −inf and L_s − m = "
+                     "−inf − (−inf) = NaN; subtract 0 there instead of m"
+                     + (" (O inherits the NaN weights; once they are 0, O = Σ w_s O_s / Σ w_s is 0/0 there: "
+                        "divide by 1 where Σ_s w_s = 0)" if o_nan.any() else ""))
+        else:
+            cause = ("L is not NaN, so the weights were not: every w_s = exp(−inf) = 0 there and O = Σ w_s O_s / "
+                     "Σ w_s is 0/0; divide by 1 (or leave O = 0) where Σ_s w_s = 0")
+        pytest.fail(f"rows whose every split is empty (every L_s = −inf) must give O = 0 and L = −inf, without NaN; "
+                    f"row 1 has no key in any split. Got NaN in O of row(s) {o_nan.nonzero().flatten().tolist()} "
+                    f"and in L of row(s) {lse_nan.nonzero().flatten().tolist()}: O = {o.tolist()}, "
+                    f"L = {lse.tolist()}. Likely: {cause}")
     assert (o[1] == 0).all() and lse[1] == -torch.inf, \
         f"row 1 has no key in any split: want O = 0 and L = −inf, got O = {o[1].tolist()}, L = {lse[1].item()}"
     assert_close(o[0], torch.arange(4.0, dtype=torch.float64))
-    assert abs(lse[0].item() - 0.7) < 1e-12, f"row 0's only keys are in split 1 (L = 0.7): got L = {lse[0].item()}"
-    assert o.dtype == torch.float64
+    assert abs(lse[0].item() - 0.7) < 1e-12, (f"row 0's only keys are in split 1 (L = 0.7): got L = {lse[0].item()}"
+                                              + (f" in {lse.dtype} (the inputs are torch.float64)"
+                                                 if lse.dtype != torch.float64 else ""))
 
 
-def test_float32_inputs_keep_their_dtype(exercise):
-    scores = torch.randn(5, 30)
-    v = torch.randn(30, 16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_the_inputs_dtype_is_kept(exercise, dtype):
+    scores = torch.randn(5, 30, dtype=torch.float64)
+    v = torch.randn(30, 16, dtype=torch.float64)
     o_parts, lse_parts = _split_results(scores, v, [0, 10, 30])
-    o, lse = exercise.merge_splits(o_parts, lse_parts)
-    assert o.dtype == torch.float32 and lse.dtype == torch.float32
-    assert_close(o, torch.softmax(scores.double(), -1) @ v.double(), dtype=torch.float32)
+    o, lse = exercise.merge_splits(o_parts.to(dtype), lse_parts.to(dtype))
+    assert o.dtype == dtype and lse.dtype == dtype, (
+        f"{dtype} inputs gave O in {o.dtype} and L in {lse.dtype}: return both in the inputs' dtype ({dtype}). "
+        f"A buffer made without dtype= (torch.zeros, torch.full, torch.tensor of floats) is float32, "
+        f"and .float() / .double() convert")
+    assert_close(o, torch.softmax(scores, -1) @ v, dtype=dtype, what="O")
+    assert_close(lse, torch.logsumexp(scores, -1), dtype=dtype, what="L")
