@@ -12,6 +12,7 @@ The package the FlashLab course builds. Public API so far:
 - `fused_softmax`: a fused row-softmax Triton kernel.
 - `attention`, `MultiHeadAttention`: FlashAttention in Triton (forward, backward, masks,
   GQA, dropout) as a drop-in for ``torch.nn.functional.scaled_dot_product_attention``;
+  `attention_qkvpacked`: the same on one (B, N, 3, H, D) projection, its gradient in that layout;
   `flashlab.ops`: its kernels as torch custom ops (torch.compile, torch.export);
   `flashlab.runtime`: compiled (CUDA tensors) or interpreted (CPU tensors) kernels, per call.
 - `flashlab.traffic`: HBM traffic models; `flashlab.instrument`: counters for tiled runs.
@@ -25,7 +26,7 @@ The package the FlashLab course builds. Public API so far:
 # interpreted per call (flashlab.runtime), and Triton is imported when a kernel is first needed.
 from . import autotune, runtime
 from .checks import check_attention_inputs
-from .flash_attention import InterpreterWarning, MultiHeadAttention, attention
+from .flash_attention import InterpreterWarning, MultiHeadAttention, attention, attention_qkvpacked
 from .memory import (
     MemoryMeasurement,
     NaiveAttentionMemory,
@@ -74,6 +75,7 @@ __all__ = [
     "InterpreterWarning",
     "MultiHeadAttention",
     "attention",
+    "attention_qkvpacked",
     "autotune",
     "MemoryMeasurement",
     "NaiveAttentionMemory",

@@ -271,6 +271,67 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return out
 
 
+def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_fp32=False):
+    """Self-attention on q, k and v packed in one tensor, as an attention layer's fused
+    projection makes them (FlashAttention-2's ``flash_attn_qkvpacked_func``).
+
+    Args:
+        qkv: ``(B, N, 3, H, D)``: ``proj(x).view(B, N, 3, H, D)`` for a projection ``proj`` of
+            width 3·H·D; ``qkv[:, :, 0]`` is q, ``[:, :, 1]`` k, ``[:, :, 2]`` v.
+        dropout_p, is_causal, scale, exact_fp32: as `attention`'s.
+
+    Returns:
+        ``(B, N, H, D)``, contiguous: ``out.reshape(B, N, H·D)`` is a view, ready for the output
+        projection.
+
+    The same kernels and the same numbers as ``attention(q, k, v)`` on the three views
+    (`ops.unpack_qkv`). What differs is the backward: dQ, dK and dV are written into one
+    ``(B, N, 3, H, D)`` gradient laid out as ``qkv``, which is the projection's output gradient
+    as it is. Given three views instead, autograd stacks their gradients (a copy) and, for views
+    made by ``permute``, reshapes the stack into the projection's layout (a second copy): each
+    reads and writes 3·B·N·H·D elements, in every layer. Where the kernels do not run (float64, inside ``torch.func`` or
+    ``torch.jit.trace``, a CPU call too large for the interpreter) this is ``attention`` on the
+    three views. Like `attention`, it is a custom op under ``torch.compile``/``torch.export``.
+    ``attention.qkvpacked`` is this function: a layer given ``attention`` as its ``attention_fn``
+    can find the packed form there (`flashlab.tsp.EncoderLayer`, `MultiHeadAttention`)."""
+    if not (isinstance(qkv, torch.Tensor) and qkv.dim() == 5 and qkv.shape[2] == 3):
+        got = f"shape {tuple(qkv.shape)}" if isinstance(qkv, torch.Tensor) else type(qkv).__name__
+        raise ValueError(f"qkv: expected a (B, N, 3, H, D) tensor, q, k and v stacked in dimension 2; got {got}. "
+                         "Pass proj(x).view(B, N, 3, H, D), or call flashlab.attention(q, k, v) on separate tensors.")
+    if isinstance(scale, torch.Tensor) or isinstance(dropout_p, torch.Tensor):
+        scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
+    if _autocasting(qkv):
+        qkv = _autocast_inputs(qkv, None, None, None)[0]
+    if qkv.stride(-1) != 1:                   # the kernels read rows of D contiguous elements
+        qkv = qkv.contiguous()
+    q, k, v = ops.unpack_qkv(qkv)
+    plan = _call_plan(q, k, v, None, dropout_p, is_causal, scale, False, exact_fp32, None)
+    if not plan.kernels:
+        return attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                         exact_fp32=exact_fp32).transpose(1, 2)
+    if plan.cpu_tiles:
+        _count_interpreted(plan.cpu_tiles)
+    seed = ops.draw_seed() if plan.dropout_p > 0 else None
+    precision = plan.precision or input_precision(qkv.dtype, qkv.device, exact_fp32)
+    wants_grad = torch.is_grad_enabled() and qkv.requires_grad
+    args = (qkv, plan.dropout_p, seed, is_causal, plan.scale, precision)
+    if plan.small and _flash_launch._takes_small_path(q, k, None):  # eager, one key tile: its own Function
+        spec = ((0, 0, 0, 0), False, False, plan.dropout_p, int(seed) if seed is not None else 0, is_causal,
+                plan.scale, precision)                             # no mask
+        out = (_flash_small.SmallPackedAttention.apply(qkv, spec) if wants_grad
+               else _flash_small.small_forward(q, k, v, q, *spec)[0])
+    elif not plan.eager:                      # traced (compile, export): the custom op
+        out = ops.flash_attention_qkvpacked_forward(*args)[0]
+    elif wants_grad:
+        out = ops.EagerQKVPackedAttention.apply(*args)[0]
+    else:
+        out = ops.qkvpacked_forward_kernels(*args)[0]
+    return out.transpose(1, 2)
+
+
+attention.qkvpacked = attention_qkvpacked
+
+
 class _Plan(NamedTuple):
     """What `attention` decides from a call's signature alone (shapes, dtypes, devices, the
     options), once per signature for eager calls: the checks passed, and these."""
@@ -418,8 +479,14 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
-        # one matmul for q, k and v; (B, N, 3, H, D) → three (B, H, N, D) views, no copies
-        q, k, v = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = self.attention_fn(q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+        dropout_p = self.dropout if self.training else 0.0
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)   # one matmul for q, k and v
+        packed = getattr(self.attention_fn, "qkvpacked", None)
+        if packed is not None and attn_mask is None:      # gradients land in qkv's layout: no copies
+            return self.out(packed(qkv, dropout_p=dropout_p, is_causal=self.causal).reshape(B, N, -1))
+        # three (B, H, N, D) views, no copies; split along dimension 2, so that autograd's stack of
+        # their gradients is already the projection's layout (one copy, not two)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        y = self.attention_fn(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=self.causal and attn_mask is None)
         return self.out(y.transpose(1, 2).reshape(B, N, -1))

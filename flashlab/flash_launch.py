@@ -158,17 +158,22 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
 
 
 def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision,
-                   window=None):
+                   window=None, grads=None):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
     Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L.
     On a Hopper GPU the common case goes to `flash_hopper_launch`; short sequences go to
-    `flash_small` on every device, before the Hopper check (neither takes a window)."""
+    `flash_small` on every device, before the Hopper check (neither takes a window).
+    ``grads``: (dq, dk, dv), tensors shaped as q, k, v with contiguous rows, for the kernels to
+    write into (views of the one buffer of `flashlab.attention_qkvpacked`'s gradient, so no copy
+    gathers them); q, k, v must then have contiguous rows too. The Hopper kernels (TMA
+    descriptors of their own tensors) write theirs, copied in."""
     if window is not None and tuple(window) == (-1, -1):
         window = None
     small = _takes_small_path(q, k, window)
     if not small and window is None and q.device.type == "cuda" and \
             flash_hopper_launch.use_hopper(q, k, v, attn_mask, dropout_p, scale):
-        return flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
+        result = flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
+        return result if grads is None else tuple(g.copy_(r) for g, r in zip(grads, result))
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
@@ -176,14 +181,14 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     group = H // H_kv
     if small:                                                                            # one launch
         return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
-                                          seed, is_causal, scale, input_precision)
+                                          seed, is_causal, scale, input_precision, grads)
     head_dim_args = _head_dim_args(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
     kernel_for(flash_backward_preprocess_kernel, q.device)[(_cdiv(n_q, rows) * B * H,)](
         out, grad_out, delta, *_strides(out), *_strides(grad_out), H, n_q, head_dim,
         BLOCK_M=rows, BLOCK_D=head_dim_args["BLOCK_D"])
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,

@@ -393,12 +393,13 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
 
 
 def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
-                   is_causal, scale, input_precision):
+                   is_causal, scale, input_precision, grads=None):
     """The small backward, one launch: (dq, dk, dv). Inputs as `small_forward`'s, plus O, its
-    contiguous (B, H, Nq) L, and dO (contiguous rows)."""
+    contiguous (B, H, Nq) L, and dO (contiguous rows). ``grads``: (dq, dk, dv) to write into
+    (views of one packed buffer, `flashlab.attention_qkvpacked`) instead of new tensors."""
     dropout = dropout_p > 0
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
            dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, dropout, is_causal,
            input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
@@ -475,3 +476,34 @@ class SmallAttention(torch.autograd.Function):
             grad_out = grad_out.contiguous()
         dq, dk, dv = small_backward(q, k, v, out, lse, grad_out, mask, *ctx.spec)
         return *first_order_only((dq, dk, dv), (q, k, v)), None, None
+
+
+def _unpacked(qkv):
+    """(B, N, 3, H, D) → q, k, v (B, H, N, D) views (`flashlab.ops.unpack_qkv`, which imports no Triton)."""
+    q, k, v = qkv.unbind(2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+class SmallPackedAttention(torch.autograd.Function):
+    """`SmallAttention` for q, k, v packed in one (B, N, 3, H, D) tensor with contiguous rows, no
+    mask (`flashlab.attention_qkvpacked`'s eager calls on the small path): the backward kernel
+    writes dQ, dK, dV into views of one gradient laid out as ``qkv``. ``spec`` as
+    `SmallAttention`'s, for no mask."""
+
+    @staticmethod
+    def forward(ctx, qkv, spec):
+        q, k, v = _unpacked(qkv)
+        out, lse = small_forward(q, k, v, q, *spec)          # q: any pointer for the absent mask
+        ctx.save_for_backward(qkv, out, lse)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qkv, out, lse = ctx.saved_tensors
+        if grad_out.stride(-1) != 1:            # the kernel reads dO rows as contiguous
+            grad_out = grad_out.contiguous()
+        dqkv = torch.empty_like(qkv)
+        q, k, v = _unpacked(qkv)
+        small_backward(q, k, v, out, lse, grad_out, q, *ctx.spec, grads=_unpacked(dqkv))
+        return *first_order_only((dqkv,), (qkv,)), None

@@ -8,6 +8,9 @@ tracing into Triton's launcher:
                                        is_causal, scale, input_precision, mask_grad,
                                        window_left=-1, window_right=-1) -> (dq, dk, dv, dmask)
 
+and the same pair for q, k, v packed in one (B, N, 3, H, D) tensor (`unpack_qkv`, below), whose
+backward returns one gradient in that layout: ``flash_attention_qkvpacked_forward`` / ``_backward``.
+
 Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
 broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32).
 `flashlab.attention` validates and reshapes its inputs, then calls these; nothing here
@@ -205,3 +208,115 @@ class EagerFlashAttention(torch.autograd.Function):
 
 flash_attention_forward.register_autograd(FlashAttentionFunction.backward,
                                           setup_context=FlashAttentionFunction.setup_context)
+
+
+# -- q, k and v packed in one tensor -----------------------------------------------------------
+# An attention layer makes q, k and v with one projection, (B, N, 3·H·D) viewed as (B, N, 3, H, D).
+# Given as three views, autograd gathers their gradients back into that layout with copies: in
+# the backward, the three gradients are stacked (one copy) and the stack is reshaped to the
+# projection's (B, N, 3·H·D) (a second copy, unless q, k, v were split along that dimension).
+# Taking the packed tensor as the op's one input, the backward kernels write dQ, dK and dV
+# straight into views of one (B, N, 3, H, D) buffer: no copy (FlashAttention-2's qkvpacked form).
+#
+#     flashlab::flash_attention_qkvpacked_forward(qkv, dropout_p, seed?, is_causal, scale,
+#                                                 input_precision) -> (out, lse)
+#     flashlab::flash_attention_qkvpacked_backward(grad_out, qkv, out, lse, dropout_p, seed?,
+#                                                  is_causal, scale, input_precision) -> dqkv
+
+
+def unpack_qkv(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, N, 3, H, D) → q, k, v as (B, H, N, D) views (no copies)."""
+    q, k, v = qkv.unbind(2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def qkvpacked_forward_kernels(qkv: Tensor, dropout_p: float, seed: Tensor | None, is_causal: bool, scale: float,
+                              input_precision: str) -> tuple[Tensor, Tensor]:
+    """The packed forward op's implementation: the forward kernels on q, k, v, views of ``qkv``."""
+    return forward_kernels(*unpack_qkv(qkv), None, dropout_p, seed, is_causal, scale, input_precision)
+
+
+flash_attention_qkvpacked_forward = torch.library.custom_op("flashlab::flash_attention_qkvpacked_forward",
+                                                            mutates_args=())(qkvpacked_forward_kernels)
+
+
+@flash_attention_qkvpacked_forward.register_fake
+def _(qkv, dropout_p, seed, is_causal, scale, input_precision):
+    q = unpack_qkv(qkv)[0]
+    B, H, n_q, _ = q.shape
+    return output_like(q), q.new_empty(B, H, n_q, dtype=torch.float32)
+
+
+def qkvpacked_backward_kernels(grad_out: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, dropout_p: float,
+                               seed: Tensor | None, is_causal: bool, scale: float, input_precision: str) -> Tensor:
+    """The packed backward op's implementation: dQ, dK, dV written into views of one buffer laid
+    out as ``qkv`` (``empty_like``, as the fake says); copied in only where the kernels computed
+    in other tensors (CPU half precision in fp32, a ``qkv`` whose head dimension is strided)."""
+    dqkv = torch.empty_like(qkv)
+    q, k, v = unpack_qkv(qkv)
+    seed_value = int(seed) if seed is not None else 0
+    qc, kc, vc, oc, gc = _on_cpu_in_fp32(q, q, k, v, out, grad_out)
+    if qc is q and q.stride(-1) == 1 and dqkv.stride(-1) == 1:
+        _launcher().flash_backward(q, k, v, out, lse, grad_out, None, dropout_p, seed_value, is_causal, scale,
+                                   input_precision, grads=unpack_qkv(dqkv))
+    else:
+        grads = _launcher().flash_backward(qc, kc, vc, oc, lse, gc, None, dropout_p, seed_value, is_causal, scale,
+                                           input_precision)
+        for into, grad in zip(unpack_qkv(dqkv), grads):
+            into.copy_(grad)
+    return dqkv
+
+
+flash_attention_qkvpacked_backward = torch.library.custom_op("flashlab::flash_attention_qkvpacked_backward",
+                                                             mutates_args=())(qkvpacked_backward_kernels)
+
+
+@flash_attention_qkvpacked_backward.register_fake
+def _(grad_out, qkv, out, lse, dropout_p, seed, is_causal, scale, input_precision):
+    return torch.empty_like(qkv)
+
+
+class QKVPackedFunction:
+    """The packed forward op's autograd formula (``register_autograd``), as `FlashAttentionFunction`'s:
+    saves qkv, O, the log-sum-exp and the seed; the backward returns one gradient, dqkv."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        qkv, dropout_p, seed, is_causal, scale, input_precision = inputs
+        out, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(qkv, out, lse, seed)
+        ctx.options = (dropout_p, is_causal, scale, input_precision)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        qkv, out, lse, seed = ctx.saved_tensors
+        dropout_p, is_causal, scale, input_precision = ctx.options
+        traced = not (type(grad_out) is torch.Tensor and type(qkv) is torch.Tensor)
+        if traced:
+            dqkv = torch.ops.flashlab.flash_attention_qkvpacked_backward(grad_out, qkv, out, lse, dropout_p, seed,
+                                                                         is_causal, scale, input_precision)
+        else:
+            dqkv = qkvpacked_backward_kernels(grad_out, qkv, out, lse, dropout_p, seed, is_causal, scale,
+                                              input_precision)
+            dqkv, = first_order_only((dqkv,), (qkv,))
+        return dqkv, None, None, None, None, None
+
+
+class EagerQKVPackedAttention(torch.autograd.Function):
+    """The packed op's forward and backward for eager calls on real tensors (no dispatcher), as
+    `EagerFlashAttention` is the unpacked op's."""
+
+    @staticmethod
+    def forward(ctx, qkv, dropout_p, seed, is_causal, scale, input_precision):
+        inputs = (qkv, dropout_p, seed, is_causal, scale, input_precision)
+        out, lse = qkvpacked_forward_kernels(*inputs)
+        ctx.set_materialize_grads(False)
+        QKVPackedFunction.setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    backward = staticmethod(QKVPackedFunction.backward)
+
+
+flash_attention_qkvpacked_forward.register_autograd(QKVPackedFunction.backward,
+                                                    setup_context=QKVPackedFunction.setup_context)

@@ -119,8 +119,13 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x):
         batch, n, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, n, 3, self.n_heads, dim // self.n_heads).permute(2, 0, 3, 1, 4)
-        h = self.attention_fn(q, k, v).transpose(1, 2).reshape(batch, n, dim)
+        qkv = self.qkv(x).view(batch, n, 3, self.n_heads, dim // self.n_heads)
+        packed = getattr(self.attention_fn, "qkvpacked", None)     # flashlab.attention has one
+        if packed is not None:               # dQ, dK, dV written in qkv's layout: no gathering copies
+            h = packed(qkv)
+        else:                                # split along dimension 2: one copy gathers the gradients
+            h = self.attention_fn(*(t.transpose(1, 2) for t in qkv.unbind(2))).transpose(1, 2)
+        h = h.reshape(batch, n, dim)
         x = self._norm(self.norm1, x + self.out(h))
         return self._norm(self.norm2, x + self.ff(x))
 

@@ -90,6 +90,11 @@
 # The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
 # over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)
 # and the TSP metrics CSVs are gzipped: 54 MB; tests/test_measurements.py keeps the tree under 56 MiB.
+# 2026-12-05 (fourth session, no GPU lent): the TSP encoder layer (and MultiHeadAttention) now call
+# flashlab.attention_qkvpacked, whose backward writes dQ, dK, dV into one gradient laid out as the projection's
+# output: no stack of three gradients and no reshape copy of it per layer (two passes over 3·B·N·H·D elements).
+# tiles checks it on the GPU first and times the encoder step with it and with the three views. Next, in order:
+# tiles, tsp100-finish, rl4co-and-suite (above).
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -98,11 +103,13 @@ gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIG
                 # before tests/test_dropin.py joined the list)
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
     tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
+    tests/test_qkvpacked.py \
     -k "gpu or hopper or tf32 or cuda" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 }
 small_path_suite() {   # the small path's tests, which run on the GPU whatever their names (gpu_suite's -k
                        # filter leaves them out)
-  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py -rf \
+  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
+    tests/test_qkvpacked.py -rf \
     --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
 }
 if [ "$phase" = rl4co-wheels ]; then
@@ -264,11 +271,16 @@ elif [ "$phase" = eager-host ]; then
   timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = tiles ]; then
+  # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
+  # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
+  # then times it beside the three views
+  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
+    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
   timeout 260 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
     --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 220 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
   mkdir -p "$out/d32_d64"
-  timeout 200 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
-    --choice-n 100 50 20 --budget-s 170 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
+  timeout 180 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
+    --choice-n 100 50 20 --budget-s 150 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
   rl4co_step 420
 elif [ "$phase" = rl4co-and-suite ]; then

@@ -11,6 +11,9 @@ or (512, 8, 20, 16), bf16 on a GPU:
   attention_fwd_bwd      flashlab.attention(q, k, v).backward(grad): a training step's share
   attention_fwd_grad     the same call, autograd recording, no backward
   attention_fwd_nograd   the same call under no_grad
+  views_fwd_bwd          attention on q, k, v as a layer passes them, three views of one (B, N, 3, H, D)
+                         projection split along dimension 2: autograd stacks their gradients (a copy)
+  packed_fwd_bwd         flashlab.attention_qkvpacked on that projection: no stack
   thin_fwd_bwd           the small kernels behind the thinnest autograd.Function (no checks, no options:
                          `measurements.small_host_time.ThinSmallAttention`)
   empty_fwd_bwd          an autograd.Function that allocates and computes nothing
@@ -34,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from flashlab import attention, flash_small
+from flashlab import attention, attention_qkvpacked, flash_small
 
 from .small_eager_profile import per_call_us
 from .small_host_time import EmptyFunction, ThinSmallAttention
@@ -71,12 +74,17 @@ def measure(calls: int) -> dict:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     q, k, v, x = (torch.randn(B, H, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(4))
     grad = torch.randn_like(q)
+    qkv = torch.randn(B, N, 3, H, D, device=device, dtype=dtype, requires_grad=True)
+    grad_packed = torch.randn(B, N, H, D, device=device, dtype=dtype)
 
-    def fwd_bwd(fn):
+    def fwd_bwd(fn, grad=grad):
         def step():
-            q.grad = k.grad = v.grad = x.grad = None
+            q.grad = k.grad = v.grad = x.grad = qkv.grad = None
             fn().backward(grad)
         return step
+
+    def views():
+        return attention(*(t.transpose(1, 2) for t in qkv.unbind(2))).transpose(1, 2)
 
     def nograd():
         with torch.no_grad():
@@ -87,6 +95,8 @@ def measure(calls: int) -> dict:
             "attention_fwd_bwd": median_us(fwd_bwd(lambda: attention(q, k, v)), calls, device),
             "attention_fwd_grad": median_us(lambda: attention(q, k, v), calls, device),
             "attention_fwd_nograd": median_us(nograd, calls, device),
+            "views_fwd_bwd": median_us(fwd_bwd(views, grad_packed), calls, device),
+            "packed_fwd_bwd": median_us(fwd_bwd(lambda: attention_qkvpacked(qkv), grad_packed), calls, device),
             "thin_fwd_bwd": median_us(fwd_bwd(lambda: ThinSmallAttention.apply(q, k, v)), calls, device),
             "empty_fwd_bwd": median_us(fwd_bwd(lambda: EmptyFunction.apply(q, k, v)), calls, device),
             "cpp_op_fwd_bwd": median_us(fwd_bwd(lambda: x * 2), calls, device),

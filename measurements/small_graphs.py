@@ -486,10 +486,12 @@ def choices(device, size, budget) -> dict:
 
 def encoder_tiles(device, size, budget) -> dict:
     """The encoder training step (tsp_encoder's, captured whole on a GPU) with the small kernels'
-    default launches, with O allocated contiguous as before 2026-12-05 (`contiguous_output`), and
-    with the fastest launches `choices` measured at that N and D = 16 (the model's head
-    dimension), beside SDPA; interleaved over rounds, so that a difference is read against the
-    rounds' spread. Needs `choices` earlier in the same run."""
+    default launches; with q, k, v passed as three views instead of packed (`three_views`: autograd
+    then gathers their gradients with a copy, which `flashlab.attention_qkvpacked` avoids); with
+    that and O allocated contiguous as before 2026-12-05 (`contiguous_output`); and with the
+    fastest launches `choices` measured at that N and D = 16 (the model's head dimension), beside
+    SDPA; interleaved over rounds, so that a difference is read against the rounds' spread. Needs
+    `choices` earlier in the same run."""
     from flashlab import flash_small
     from flashlab.flash_attention import attention
     from flashlab.tsp import random_instances
@@ -505,7 +507,8 @@ def encoder_tiles(device, size, budget) -> dict:
         coords = random_instances(size["tsp_batch"], n, seed=n, device=device)     # tsp_encoder's instances
         variants = [("sdpa", F.scaled_dot_product_attention, contextlib.nullcontext),
                     ("flashlab default launches", attention, contextlib.nullcontext),
-                    ("flashlab, O contiguous (before 2026-12-05)", attention, contiguous_output)]
+                    ("flashlab, three views (not packed)", three_views, contextlib.nullcontext),
+                    ("flashlab, three views, O contiguous (before 2026-12-05)", three_views, contiguous_output)]
         if best != defaults:
             variants.append(("flashlab fastest launches", attention, lambda: flash_small.force(**best)))
         times = {name: [] for name, _, _ in variants}
@@ -531,6 +534,13 @@ def encoder_tiles(device, size, budget) -> dict:
     return {"rows": rows, "skipped": skipped, "rounds": size["tile_rounds"],
             "timer": "whole step captured in one CUDA graph, replayed" if device == "cuda" else "eager (CPU)",
             "what": "tsp_encoder's step (encoder forward + squared-output loss + backward + Adam), bf16 autocast"}
+
+
+def three_views(q, k, v, **kwargs):
+    """`flashlab.attention` without its packed form (``attention.qkvpacked``), so that the encoder
+    layer passes q, k, v as three views of its projection, as it passes them to SDPA."""
+    from flashlab.flash_attention import attention
+    return attention(q, k, v, **kwargs)
 
 
 @contextlib.contextmanager

@@ -78,8 +78,8 @@ def test_import_and_cpu_path_without_triton():
 
 
 class _Block(torch.nn.Module):
-    """A small model on flashlab attention: MultiHeadAttention (causal), then a float key
-    mask through attention directly."""
+    """A small model on flashlab attention: MultiHeadAttention (causal; q, k, v packed), then a
+    float key mask through attention directly."""
 
     def __init__(self):
         super().__init__()
@@ -98,8 +98,8 @@ def _model_inputs():
 
 
 def test_compile_fullgraph_matches_eager():
-    """torch.compile(fullgraph=True) captures both attention calls as custom-op nodes (one
-    graph, no break); outputs and parameter gradients equal eager's. (aot_eager: the CI-sized
+    """torch.compile(fullgraph=True) captures both attention calls (packed and not) as custom-op
+    nodes (one graph, no break); outputs and parameter gradients equal eager's. (aot_eager: the CI-sized
     backend; inductor is in the GPU script: its C++ compile takes minutes on 2 shared cores.)"""
     model, x, mask = _model_inputs()
     want = model(x, mask)
@@ -143,7 +143,8 @@ def test_export_holds_the_custom_op():
     model, x, mask = _model_inputs()
     exported = torch.export.export(model, (x, mask))
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
-    assert targets.count("flashlab.flash_attention_forward.default") == 2, targets
+    assert targets.count("flashlab.flash_attention_qkvpacked_forward.default") == 1, targets   # MultiHeadAttention
+    assert targets.count("flashlab.flash_attention_forward.default") == 1, targets            # the masked call
     assert torch.equal(exported.module()(x, mask), model(x, mask))
 
 

@@ -100,7 +100,7 @@ def test_the_tree_fits_what_a_gpu_call_carries():
 def test_small_graphs_choices_and_encoder_tiles_run_on_the_cpu(tmp_path):
     """The GPU session's tiles phase (small_graphs --sections choices encoder_tiles) at its smoke
     size: the fastest launches are recorded, and the encoder step is timed with the defaults, with
-    O laid out as before and with those launches, beside SDPA."""
+    q, k, v as three views, with O laid out as before and with those launches, beside SDPA."""
     import json
 
     from measurements import small_graphs
@@ -108,6 +108,6 @@ def test_small_graphs_choices_and_encoder_tiles_run_on_the_cpu(tmp_path):
     sections = json.loads((tmp_path / "small_graphs.json").read_text())["sections"]
     assert set(sections["choices"]["best"]["N=4 D=16"]) == {"forward", "backward"}
     (row,) = sections["encoder_tiles"]["rows"]
-    assert {"sdpa", "flashlab default launches", "flashlab, O contiguous (before 2026-12-05)"} <= set(
-        row["median_ms_per_step"])
+    assert {"sdpa", "flashlab default launches", "flashlab, three views (not packed)",
+            "flashlab, three views, O contiguous (before 2026-12-05)"} <= set(row["median_ms_per_step"])
     assert all(ms > 0 for ms in row["median_ms_per_step"].values())
