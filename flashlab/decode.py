@@ -205,6 +205,12 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
 
 
+# Not a custom op: its cache lengths are data (cache_seqlens) that decide grids and splits, which
+# torch.compile cannot trace. Disabled for the compiler, a call is a graph break in a compiled function (the
+# rest compiles; fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
+@torch.compiler.disable(reason="flashlab.decode_attention is not a custom op (its cache lengths decide "
+                                "grids and splits); "
+                                "compile around it, or without fullgraph=True for a graph break here")
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
                      causal=False, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
@@ -248,6 +254,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         ``(batch, seqlen_q, heads, D)`` in q's dtype (and the log-sum-exp if asked). Inference only:
         the kernels have no backward, so a backward through the output raises (use
         `flashlab.attention` where gradients are needed).
+
+    On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
+    limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `decode_by_sequence`
+    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
     """
     if check_contents is None:
         check_contents = q.device.type == "cpu"
@@ -261,6 +271,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
                                   num_splits, scale, causal=causal, return_lse=return_lse,
                                   check_contents=False, launch_options=launch_options)
         return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
+    if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
+        # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
+        # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
+        with torch.no_grad():
+            out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
+                                          torch.float32)
+        results = without_backward((out.to(q.dtype), lse), (q, k_cache, v_cache), NO_BACKWARD)
+        return results if return_lse else results[0]
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
@@ -321,9 +339,30 @@ def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=N
     """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
     (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
     position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""
+    return decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float64)[0]
+
+
+def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
+    """A CPU call: whether the kernels run (in Triton's interpreter) rather than `decode_by_sequence`,
+    by the rule of `flashlab.attention`: ``FLASHLAB_CPU_KERNELS`` unset or 1, and at most
+    ``INTERPRETER_MAX_TILES`` tiles of 32 stacked query rows × 32 keys of the cache's capacity."""
+    from .flash_attention import INTERPRETER_BLOCK, interpreted_tiles_allowed
+    batch, seqlen_q, heads, _ = q.shape
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    heads_k = k_cache.shape[2]
+    tiles = batch * heads_k * _cdiv(seqlen_q * (heads // heads_k), INTERPRETER_BLOCK) * _cdiv(capacity,
+                                                                                             INTERPRETER_BLOCK)
+    return interpreted_tiles_allowed(tiles)
+
+
+def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype):
+    """Decoding one sequence at a time in plain PyTorch, computed in ``dtype``: (out in ``dtype``, the
+    natural-log log-sum-exp (batch, heads, seqlen_q) float32, −inf where a row has no key). The
+    float64 reference, and (fp32) `decode_attention`'s PyTorch path on a CPU."""
     batch, seqlen_q, heads, head_dim = q.shape
     scale = default_scale(head_dim, scale)
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(batch):
         n = int(cache_seqlens[b])
         if block_table is None:
@@ -332,9 +371,9 @@ def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=N
             pages = block_table[b, :_cdiv(n, k_cache.shape[1])].long()
             k, v = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
         group = heads // k.shape[1]
-        k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)        # (heads, n, D)
-        v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
-        qb = q[b].double().transpose(0, 1)                                    # (heads, seqlen_q, D)
+        k = k.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)       # (heads, n, D)
+        v = v.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+        qb = q[b].to(dtype).transpose(0, 1)                                   # (heads, seqlen_q, D)
         scores = qb @ k.transpose(-1, -2) * scale
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
         keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
@@ -342,4 +381,5 @@ def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=N
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # empty rows: 0, not NaN
         out[b] = (weights @ v).transpose(0, 1)
-    return out
+        lse[b] = torch.logsumexp(scores, dim=-1).float()                       # −inf for a row with no key
+    return out, lse

@@ -93,6 +93,12 @@ class DocumentsTrainer(Trainer):
         if self.world > 1 and c.packing == "packed":
             raise ConfigError("packing", "packed batches are not wired through DDP (packed_forward calls the "
                                          "model's layers directly); use packing=padded under torchrun, or one process.")
+        if self.run.compile != "off" and c.packing == "packed":
+            # packed_forward calls the layers itself, around varlen_attention, whose kernels torch.compile
+            # cannot trace (data-dependent lengths): nothing would be compiled, and nothing would say so
+            raise ConfigError("compile", "packed batches run eagerly (packed_forward calls the model's layers "
+                                         "around varlen_attention, which torch.compile cannot trace); give "
+                                         "--compile off, or --packing padded to compile the model.")
 
     def build_task(self):
         c = self.task_config

@@ -6,7 +6,6 @@ again."""
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import NamedTuple
 
@@ -42,7 +41,17 @@ class InterpreterWarning(UserWarning):
     """flashlab.attention has run many tiles in Triton's interpreter on a CPU (said once a process)."""
 
 
-def _count_interpreted(tiles: int) -> None:
+def interpreted_tiles_allowed(tiles: int) -> bool:
+    """Whether a CPU call of this many 32 × 32 tiles runs the interpreted kernels (counted towards
+    the once-a-process `InterpreterWarning`) rather than a PyTorch path: ``tiles`` within
+    `_cpu_tile_limit`. `decode_attention` and `varlen_attention` ask it too."""
+    if tiles > _cpu_tile_limit():
+        return False
+    _count_interpreted(tiles, stacklevel=4)
+    return True
+
+
+def _count_interpreted(tiles: int, stacklevel: int = 3) -> None:
     global _interpreted_tiles
     before, _interpreted_tiles = _interpreted_tiles, _interpreted_tiles + tiles
     if before < INTERPRETER_NOTICE_TILES <= _interpreted_tiles:
@@ -51,7 +60,7 @@ def _count_interpreted(tiles: int) -> None:
             "interpreter on the CPU, milliseconds of Python each: hundreds of times slower than SDPA on the same "
             "CPU. That is how the course shows the kernels without a GPU; to run a model on a CPU at PyTorch's "
             "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding). Said once.",
-            InterpreterWarning, stacklevel=3)
+            InterpreterWarning, stacklevel=stacklevel)
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
@@ -76,7 +85,7 @@ def _scalar_argument(value):
 def _cpu_tile_limit() -> int:
     """The most 32 × 32 tiles a CPU call may give the interpreted kernels: INTERPRETER_MAX_TILES,
     or 0 (every CPU call on the PyTorch path) with FLASHLAB_CPU_KERNELS=0."""
-    return INTERPRETER_MAX_TILES if os.environ.get("FLASHLAB_CPU_KERNELS", "1") != "0" else 0
+    return INTERPRETER_MAX_TILES if runtime.cpu_kernels_enabled() else 0
 
 
 def _band_tiles(n_q: int, n_k: int, block: int, band) -> int:

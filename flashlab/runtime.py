@@ -53,6 +53,13 @@ def require_triton(what: str = "this Triton kernel") -> None:
                           "or use CPU tensors: flashlab.attention then runs its PyTorch path.")
 
 
+def cpu_kernels_enabled() -> bool:
+    """``FLASHLAB_CPU_KERNELS=0`` (read per call): CPU tensors take the PyTorch paths of
+    `flashlab.attention`, `decode_attention` and `varlen_attention` instead of their kernels in
+    Triton's interpreter (a model's CPU tests then run at PyTorch's speed)."""
+    return os.environ.get("FLASHLAB_CPU_KERNELS", "1") != "0"
+
+
 def interpreting_everything() -> bool:
     """True if ``TRITON_INTERPRET`` is set: Triton then interprets every kernel it defines,
     flashlab's included, whatever the device."""

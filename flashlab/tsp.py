@@ -150,7 +150,9 @@ class AttentionModel(nn.Module):
         self.first_placeholder = nn.Parameter(torch.empty(2 * embed_dim).uniform_(-1, 1))
 
     def encode(self, coords):
-        x = self.init_embed(coords)
+        # coordinates arrive in fp32; a model cast to bf16 or fp16 (train-tsp --precision bf16-true)
+        # takes them in its own dtype (a no-op in fp32; autocast casts for the mixed modes anyway)
+        x = self.init_embed(coords.to(self.init_embed.weight.dtype))
         for layer in self.layers:
             x = layer(x)
         return x

@@ -184,6 +184,12 @@ class VarlenAttentionFunction(torch.autograd.Function):
         return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None, None, None, None
 
 
+# Not a custom op: cu_seqlens are data that decide each program's sequence, which torch.compile cannot
+# trace. Disabled for the compiler, a call is a graph break in a compiled function (the rest compiles;
+# fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
+@torch.compiler.disable(reason="flashlab.varlen_attention is not a custom op (cu_seqlens decide each "
+                                "program's sequence); "
+                                "compile around it, or without fullgraph=True for a graph break here")
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
                      window=None, *, exact_fp32=False):
     """Attention within each sequence of a packed batch (FlashAttention's ``flash_attn_varlen_func``).
@@ -204,6 +210,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     Returns:
         ``(total_q, heads, D)``; a query with no key to attend to gives zeros (and zero gradients).
+
+    On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
+    limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `varlen_by_sequence`
+    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
     """
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
     if q.device.type == "cpu" and q.dtype != torch.float32:
@@ -211,6 +221,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.ops)
         return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, is_causal, scale, window, exact_fp32=exact_fp32).to(q.dtype)
+    if q.device.type == "cpu" and not _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k):
+        # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
+        # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
+        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float32)
     scale = default_scale(q.shape[-1], scale)
     left, right = band(is_causal, window, max_seqlen_q, max_seqlen_k)
     precision = input_precision(q.dtype, q.device, exact_fp32)
@@ -220,22 +234,40 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return varlen_forward(q, k, v, *args)[0]
 
 
+def _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k) -> bool:
+    """A CPU call: whether the kernels run (in Triton's interpreter) rather than `varlen_by_sequence`,
+    by the rule of `flashlab.attention`: ``FLASHLAB_CPU_KERNELS`` unset or 1, and at most
+    ``INTERPRETER_MAX_TILES`` 32 × 32 tiles over every sequence and head (windows not counted off)."""
+    from .flash_attention import INTERPRETER_BLOCK, interpreted_tiles_allowed
+    lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
+    tiles = q.shape[1] * sum(_cdiv(a, INTERPRETER_BLOCK) * _cdiv(b, INTERPRETER_BLOCK)
+                             for a, b in zip(lengths_q, lengths_k))
+    return interpreted_tiles_allowed(tiles)
+
+
 def reference_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None, window=None):
     """The ground truth in float64, one sequence at a time, with the window as an explicit
     mask over all (query, key) pairs (differentiable, for gradient references)."""
+    return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float64)
+
+
+def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, dtype) -> torch.Tensor:
+    """Attention one sequence at a time in plain PyTorch, computed in ``dtype`` and returned in it: the
+    float64 reference, and (fp32) `varlen_attention`'s PyTorch path on a CPU. Differentiable; an
+    Lq × Lk score matrix per head of each sequence at a time."""
     scale = default_scale(q.shape[-1], scale)
     group = q.shape[1] // k.shape[1]
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     left, right = band(is_causal, window, q.shape[0], k.shape[0])
     outs = []
     for b in range(len(cq) - 1):
-        qb = q[cq[b]:cq[b + 1]].double().transpose(0, 1)                          # (heads, Lq, D)
-        kb = k[ck[b]:ck[b + 1]].double().repeat_interleave(group, 1).transpose(0, 1)
-        vb = v[ck[b]:ck[b + 1]].double().repeat_interleave(group, 1).transpose(0, 1)
+        qb = q[cq[b]:cq[b + 1]].to(dtype).transpose(0, 1)                         # (heads, Lq, D)
+        kb = k[ck[b]:ck[b + 1]].to(dtype).repeat_interleave(group, 1).transpose(0, 1)
+        vb = v[ck[b]:ck[b + 1]].to(dtype).repeat_interleave(group, 1).transpose(0, 1)
         n_q, n_k = qb.shape[1], kb.shape[1]
         rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
         keep = (rel >= -left) & (rel <= right)
         scores = (qb @ kb.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, -1).masked_fill(~keep, 0.0)                # empty rows: 0, not NaN
         outs.append((weights @ vb).transpose(0, 1))
-    return torch.cat(outs) if outs else q.double() * 0
+    return torch.cat(outs) if outs else q.to(dtype) * 0

@@ -308,3 +308,50 @@ def test_any_finite_scale_and_none_other():
     for bad in (float("nan"), float("inf"), True, "0.5"):
         with pytest.raises(ValueError, match="scale: expected a finite number or None"):
             decode_attention(q, k, v, lengths, scale=bad)
+
+
+def test_torch_compile_breaks_the_graph_at_the_call():
+    """decode_attention is not a custom op: a compiled function around it runs, with a graph break
+    at the call (before: a crash inside Dynamo), and fullgraph=True names the function and what to do."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, lengths):
+        return decode_attention(q, k_cache, v_cache, lengths) * 2
+
+    want = step(q, k_cache, v_cache, lengths)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(step, backend="eager")(q, k_cache, v_cache, lengths), want)
+    torch._dynamo.reset()                      # else the compiled frames above are reused
+    with pytest.raises(Exception, match="decode_attention is not a custom op.*compile around it"):
+        torch.compile(step, backend="eager", fullgraph=True)(q, k_cache, v_cache, lengths)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
+@pytest.mark.parametrize("route", ["FLASHLAB_CPU_KERNELS=0", "over the interpreter's tile limit"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, paged, monkeypatch):
+    """As flashlab.attention on a CPU: FLASHLAB_CPU_KERNELS=0, or more tiles than the interpreter is
+    given, computes in PyTorch (fp32): the same output and log-sum-exp within fp32 rounding, q's dtype."""
+    import flashlab.flash_attention
+    lengths = [0, 1, 37, 64]
+    if paged:
+        k_cache, v_cache, table = _paged(lengths, 16, 2, 16)
+    else:
+        (k_cache, v_cache), table = _cache(4, 64, 2, 16), None
+    q = torch.randn(4, 3, 4, 16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    if route == "FLASHLAB_CPU_KERNELS=0":
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    else:
+        monkeypatch.setattr(flashlab.flash_attention, "INTERPRETER_MAX_TILES", 1)
+    monkeypatch.setattr("flashlab.decode.launch", lambda *a, **k: pytest.fail("a decoding kernel was launched"))
+    out, lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    assert_close(out, want_out, tol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    assert_close(lse.nan_to_num(neginf=0.0), want_lse.nan_to_num(neginf=0.0), tol=1e-5)
+    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, table, causal=True)
+    assert half.dtype == torch.float16
+    assert_close(half, want_out.half(), tol=3e-3)

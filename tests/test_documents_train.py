@@ -119,3 +119,14 @@ def test_command_line_trains_and_resumes_packed_and_padded(tmp_path, capsys):
                      "--device", "cpu", "--no-progress"]) == 0
         assert "steps 3, skipped 0" in capsys.readouterr().out
         assert len(read_metrics(f"{out}/metrics.csv")) == 3
+
+
+def test_compiling_packed_batches_is_refused_in_one_line(tmp_path, capsys):
+    """packed_forward calls the layers around varlen_attention, which torch.compile cannot trace: a
+    --compile that would compile nothing, silently, is refused; padded batches compile."""
+    tiny = ["--max-len", "24", "--vocab-size", "16", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
+            "--batch-size", "8", "--device", "cpu", "--attention", "sdpa", "--no-progress", "--steps", "1"]
+    assert main(["train", "--task", "documents", "--packing", "packed", "--compile", "default",
+                 "--out-dir", str(tmp_path / "packed"), *tiny]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "compile" in err and "--packing padded" in err, err

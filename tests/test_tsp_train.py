@@ -9,6 +9,7 @@ import torch
 
 from flashlab.__main__ import main
 from flashlab.config import ConfigError, apply_changes
+from flashlab.train import TrainingDiverged
 from flashlab.tsp import random_instances, tour_length
 from flashlab.tsp_train import KOOL_RUN, TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
 
@@ -56,6 +57,27 @@ def test_trains_and_tests_the_baseline_every_epoch(tmp_path):
     assert [m["step"] for m in tested] == [1, 3]                     # after steps 2 and 4
     trainer.export(tmp_path / "am.pt")
     assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am.pt"), "--nodes", "6", "--instances", "8"]) == 0
+
+
+@pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
+def test_trains_with_the_model_itself_in_half_precision(precision):
+    """The model cast to fp16/bf16 takes the fp32 coordinates in its own dtype (a crash before:
+    Linear's mat1 and mat2 differed), and the fp32 baseline copy made before the cast rolls out too."""
+    trainer = TSPTrainer(TASK, dataclasses.replace(RUN, precision=precision, steps=1))
+    assert next(trainer.model.parameters()).dtype == {"16-true": torch.float16, "bf16-true": torch.bfloat16}[precision]
+    history = trainer.fit()
+    assert all(math.isfinite(m["tour_length"]) and m["tour_length"] > 0 for m in history)
+
+
+def test_activations_that_overflow_stop_the_run_with_what_to_change(monkeypatch):
+    """An encoder whose activations overflow (fp16's range) gives NaN log-probabilities, and greedy
+    decoding then repeats a city: the epoch's rollout says so in one line instead of failing later in
+    tour_length's check."""
+    trainer = TSPTrainer(TASK, dataclasses.replace(RUN, precision="16-true", steps=2))
+    monkeypatch.setattr(trainer.model, "encode", lambda coords: torch.full((*coords.shape[:2], 16), float("inf"),
+                                                                           dtype=torch.float16))
+    with pytest.raises(TrainingDiverged, match=r"repeated cities.*16-true.*Use bf16-mixed"):
+        trainer.greedy_lengths(trainer.model)
 
 
 @pytest.mark.parametrize("candidate_shift,noise,updated",

@@ -209,3 +209,49 @@ def test_any_finite_scale_and_none_other():
     for bad in (float("nan"), float("inf"), True, "0.5"):
         with pytest.raises(ValueError, match="scale: expected a finite number or None"):
             varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=bad)
+
+
+def test_torch_compile_breaks_the_graph_at_the_call():
+    """varlen_attention is not a custom op: a compiled function around it runs forward and backward,
+    with a graph break at the call (before: a crash inside Dynamo); fullgraph=True names it."""
+    cu = cu_seqlens_from_lengths([5, 9], DEVICE)
+    x = torch.randn(14, 2, 16, device=DEVICE, requires_grad=True)
+
+    def loss(x):
+        return varlen_attention(x, x, x, cu, cu, 9, 9, is_causal=True).square().sum() * 2
+
+    want = loss(x)
+    want_grad, = torch.autograd.grad(want, x)
+    torch._dynamo.reset()
+    got = torch.compile(loss, backend="eager")(x)
+    got_grad, = torch.autograd.grad(got, x)
+    assert torch.allclose(got, want) and torch.allclose(got_grad, want_grad)
+    torch._dynamo.reset()                      # else the compiled frames above are reused
+    with pytest.raises(Exception, match="varlen_attention is not a custom op.*compile around it"):
+        torch.compile(loss, backend="eager", fullgraph=True)(x)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
+@pytest.mark.parametrize("route", ["FLASHLAB_CPU_KERNELS=0", "over the interpreter's tile limit"])
+def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, monkeypatch):
+    """As flashlab.attention on a CPU: FLASHLAB_CPU_KERNELS=0, or more tiles than the interpreter is
+    given, computes in PyTorch (fp32, one sequence at a time): outputs and gradients as the kernels',
+    q's dtype, no kernel launched."""
+    import flashlab.flash_attention
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([0, 1, 17, 40], 4, 2)
+    window = (8, 0)
+    want = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True, window=window)
+    grad = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    if route == "FLASHLAB_CPU_KERNELS=0":
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    else:
+        monkeypatch.setattr(flashlab.flash_attention, "INTERPRETER_MAX_TILES", 1)
+    monkeypatch.setattr("flashlab.varlen.launch", lambda *a, **k: pytest.fail("a varlen kernel was launched"))
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True, window=window)
+    assert_close(out, want, tol=1e-5)
+    for name, got, ref in zip("qkv", torch.autograd.grad(out, (q, k, v), grad), want_grads):
+        assert_close(got, ref, tol=1e-5, what=f"d{name}")
+    half = varlen_attention(q.half(), k.half(), v.half(), cu_q, cu_k, max_q, max_k, is_causal=True, window=window)
+    assert half.dtype == torch.float16
+    assert_close(half, want.half(), tol=3e-3)
