@@ -415,8 +415,8 @@ def _same_rank(q, k, v):
     (views), e.g. k, v ``(H, N, D)`` beside q ``(B, H, N, D)``. Anything not a tensor passes
     through for the checks to name."""
     tensors = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return tensors
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
+        return tensors                    # not tensors, or a 1-D one (no (N, D) to broadcast): for the checks to name
     rank = max(t.dim() for t in tensors)
     return tuple(t[(None,) * (rank - t.dim())] if t.dim() < rank else t for t in tensors)
 

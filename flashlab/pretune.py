@@ -76,14 +76,21 @@ def parse_shape(text: str) -> tuple[int, ...]:
     except ValueError:
         shape = ()
     if len(shape) not in (4, 5) or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected B,H,N,D or B,H,N,D,H_kv (positive integers), "
+        raise argparse.ArgumentTypeError(f"{text!r} is not B,H,N,D or B,H,N,D,H_kv (positive integers), "
                                          "e.g. --shape 8,16,2048,64")
     return shape
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """A usage error in one line that points to --help, as every other flashlab command says it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
+
+
 def tune_main(argv=None) -> int:
     """``python -m flashlab tune``: pre-tune a list of shapes on this machine's GPU."""
-    parser = argparse.ArgumentParser(prog="python -m flashlab tune", description=(
+    parser = _OneLineErrors(prog="python -m flashlab tune", description=(
         "Tune flashlab's attention kernels for these shapes now, so that training does not pay for "
         "it on its first steps. Decisions go to the autotuner's cache (FLASHLAB_AUTOTUNE_CACHE, "
         "default ~/.cache/flashlab/autotune.json) that every later process reads."))

@@ -409,12 +409,15 @@ def test_tf32_large_head_dims_tune_and_agree_on_gpu(monkeypatch, d):
 
 # -- pre-tuning: the command's and the function's errors on CPU ---------------------------------
 
-def test_pretune_says_what_it_needs():
+def test_pretune_says_what_it_needs(capsys):
     from flashlab import pretune
     with pytest.raises(ValueError, match="device: .*CUDA"):
         pretune.pretune([(1, 2, 64, 16)], device="cpu")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stop:
         pretune.tune_main(["--shape", "1,2,3"])                 # B,H,N,D needed
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err   # one line, no usage block
+    assert "--shape: '1,2,3' is not B,H,N,D" in err
     assert pretune.parse_shape("8,16,2048,64,4") == (8, 16, 2048, 64, 4)
     key = ["dq", "cuda:0", "torch.float32", 96, True, False, False, 2, 1024, 1024, 32]
     shipped = pretune.ship([{"key": key, "chosen": "64x64 w4 s1"}], "NVIDIA H200")

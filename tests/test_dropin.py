@@ -703,3 +703,13 @@ def test_jit_trace_records_the_einsum_version():
         traced = torch.jit.trace(Attend(), (torch.randn(1, 2, 7, 16),))
     q = torch.randn(1, 2, 7, 16)
     assert_close(traced(q), attention(q, q, q, is_causal=True), tol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_a_one_dimensional_input_is_named_not_broadcast(which):
+    """A 1-D tensor has no (N, D) to broadcast to the others' rank (SDPA raises too): the check names
+    it, instead of blaming another argument's leading dimensions (or accepting it)."""
+    tensors = {"q": torch.randn(2, 4, 5, 16), "k": torch.randn(2, 4, 7, 16), "v": torch.randn(2, 4, 7, 16)}
+    tensors[which] = torch.randn(16)
+    with pytest.raises(ValueError, match=rf"^{which}: expected at least 2 dimensions"):
+        attention(tensors["q"], tensors["k"], tensors["v"])
