@@ -34,6 +34,7 @@ import io
 import math
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -216,6 +217,9 @@ def _stop_between_steps(enabled: bool):
     def handler(signum, frame):
         if requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if not requested:           # said at once: the step (or an epoch's baseline rollout) may take a while
+            print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
+                  "(a second Ctrl-C, SIGINT, stops at once without saving)", file=sys.stderr, flush=True)
         requested.append(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

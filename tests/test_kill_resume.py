@@ -177,7 +177,8 @@ def test_sigkill_at_every_moment_of_a_save_then_resume(tmp_path):
 def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
     """Ctrl-C (SIGINT) or SIGTERM (a scheduler's stop) used to lose every step since the last
     periodic checkpoint, SIGINT with a 34-line traceback. Now the run stops after the step it is
-    in, saves checkpoint_last.pt, says so in one line and exits with 128 + the signal; resuming
+    in, saves checkpoint_last.pt, says so at once and again in one line when it stops, and exits with 128 + the
+    signal; resuming
     continues from exactly that step, with metrics.csv holding each step once."""
     import time
     tiny = ["--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
@@ -195,7 +196,8 @@ def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
         process.send_signal(sig)
         stdout, stderr = process.communicate(timeout=120)
         assert process.returncode == 128 + sig.value, stderr
-        assert stderr.count("\n") == 1 and f"stopped by {sig.name} after step" in stderr, stderr
+        assert stderr.count("\n") == 2 and f"stopped by {sig.name} after step" in stderr, stderr
+        assert stderr.startswith(f"{sig.name}: stopping after the current step"), stderr   # said at once
         step = checkpoint.load(out / "checkpoint_last.pt").state["step"]
         assert f"after step {step}: saved {out / 'checkpoint_last.pt'}" in stderr
         rows = list(csv.DictReader(metrics.open()))
