@@ -158,8 +158,10 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _fail("q", f"has an empty dimension, shape {tuple(q.shape)}",
               "Pass at least one query token, one head and a head dimension of at least 1.")
     if heads % heads_k:
-        _fail("k_cache", f"has {heads_k} heads, which does not divide q's {heads}",
-              "Grouped-query attention needs heads_k to divide heads.")
+        transposed = q.shape[1] % heads_k == 0 and q.shape[1] > heads    # q given as (batch, heads, seqlen_q, D)?
+        _fail("k_cache", f"has {heads_k} heads, which does not divide q's {heads} (q's dimension 2)",
+              "q is (batch, seqlen_q, heads, D): if yours is (batch, heads, seqlen_q, D), pass q.transpose(1, 2)."
+              if transposed else "Grouped-query attention needs heads_k to divide heads.")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (batch,) or \
             cache_seqlens.dtype not in (torch.int32, torch.int64):
         _fail("cache_seqlens", f"expected an integer tensor of shape ({batch},), got "

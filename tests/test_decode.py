@@ -227,6 +227,8 @@ def test_bad_inputs_raise_clear_errors():
         decode_attention(q, k, v, _lengths([3, 33]), check_contents=True)   # longer than the cache
     with pytest.raises(ValueError, match="k_cache"):
         decode_attention(q, k[:, :, :1].expand(2, 32, 3, 16), v, ok)  # 3 kv heads do not divide 4
+    with pytest.raises(ValueError, match=r"q\.transpose\(1, 2\)"):
+        decode_attention(q.transpose(1, 2), k, v, ok)                  # (batch, heads, 1, D) by mistake
     with pytest.raises(ValueError, match="v_cache"):
         decode_attention(q, k, v[:, :16], ok)
     with pytest.raises(ValueError, match="q"):
