@@ -301,8 +301,8 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     reads and writes 3·B·N·H·D elements, in every layer. Where the kernels do not run (float64, inside ``torch.func`` or
     ``torch.jit.trace``, a CPU call too large for the interpreter) this is ``attention`` on the
     three views. Like `attention`, it is a custom op under ``torch.compile``/``torch.export``.
-    ``attention.qkvpacked`` is this function: a layer given ``attention`` as its ``attention_fn``
-    can find the packed form there (`flashlab.tsp.EncoderLayer`, `MultiHeadAttention`)."""
+    `MultiHeadAttention` and `flashlab.tsp.EncoderLayer` call it when their ``attention_fn`` is
+    `attention` itself: not for a wrapper (a rotary one, a logging one), which must see q, k, v."""
     if not (isinstance(qkv, torch.Tensor) and qkv.dim() == 5 and qkv.shape[2] == 3):
         got = f"shape {tuple(qkv.shape)}" if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv: expected a (B, N, 3, H, D) tensor, q, k and v stacked in dimension 2; got {got}. "
@@ -337,8 +337,6 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
         out = ops.qkvpacked_forward_kernels(*args)[0]
     return out.transpose(1, 2)
 
-
-attention.qkvpacked = attention_qkvpacked
 
 
 class _Plan(NamedTuple):
@@ -490,9 +488,8 @@ class MultiHeadAttention(nn.Module):
         B, N, _ = x.shape
         dropout_p = self.dropout if self.training else 0.0
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)   # one matmul for q, k and v
-        packed = getattr(self.attention_fn, "qkvpacked", None)
-        if packed is not None and attn_mask is None:      # gradients land in qkv's layout: no copies
-            return self.out(packed(qkv, dropout_p=dropout_p, is_causal=self.causal).reshape(B, N, -1))
+        if self.attention_fn is attention and attn_mask is None:     # gradients land in qkv's layout: no copies
+            return self.out(attention_qkvpacked(qkv, dropout_p=dropout_p, is_causal=self.causal).reshape(B, N, -1))
         # three (B, H, N, D) views, no copies; split along dimension 2, so that autograd's stack of
         # their gradients is already the projection's layout (one copy, not two)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import checkpoint
-from .flash_attention import attention
+from .flash_attention import attention, attention_qkvpacked
 
 # Kool et al. 2019, Table 1 (greedy decoding): optimal tour length and the AM's own result.
 PUBLISHED = {20: {"optimal": 3.84, "am_greedy": 3.85}, 50: {"optimal": 5.70, "am_greedy": 5.80},
@@ -120,9 +120,8 @@ class EncoderLayer(nn.Module):
     def forward(self, x):
         batch, n, dim = x.shape
         qkv = self.qkv(x).view(batch, n, 3, self.n_heads, dim // self.n_heads)
-        packed = getattr(self.attention_fn, "qkvpacked", None)     # flashlab.attention has one
-        if packed is not None:               # dQ, dK, dV written in qkv's layout: no gathering copies
-            h = packed(qkv)
+        if self.attention_fn is attention:   # dQ, dK, dV written in qkv's layout: no gathering copies
+            h = attention_qkvpacked(qkv)
         else:                                # split along dimension 2: one copy gathers the gradients
             h = self.attention_fn(*(t.transpose(1, 2) for t in qkv.unbind(2))).transpose(1, 2)
         h = h.reshape(batch, n, dim)

@@ -537,8 +537,8 @@ def encoder_tiles(device, size, budget) -> dict:
 
 
 def three_views(q, k, v, **kwargs):
-    """`flashlab.attention` without its packed form (``attention.qkvpacked``), so that the encoder
-    layer passes q, k, v as three views of its projection, as it passes them to SDPA."""
+    """`flashlab.attention` behind a wrapper: the encoder layer hands the packed form only to
+    `flashlab.attention` itself, so it passes q, k, v as three views of its projection, as to SDPA."""
     from flashlab.flash_attention import attention
     return attention(q, k, v, **kwargs)
 

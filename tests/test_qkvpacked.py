@@ -6,6 +6,7 @@ custom ops (opcheck, torch.compile); the layers that use it; bad inputs.
 On a CPU the kernels run in Triton's interpreter (fp32; fp16/bf16 computed in fp32 there); the
 same tests run compiled on a GPU, where bf16 is checked too (and the `cuda` ones only there)."""
 
+import functools
 import traceback
 
 import pytest
@@ -122,9 +123,8 @@ def test_an_encoder_layers_backward_gathers_no_gradients():
 
 
 def test_layers_take_the_packed_form_and_compute_the_same():
-    """EncoderLayer and MultiHeadAttention find ``attention.qkvpacked``; an attention_fn without one
-    (a wrapper, SDPA) takes the three views. Same parameters, same numbers bit for bit."""
-    assert attention.qkvpacked is attention_qkvpacked
+    """EncoderLayer and MultiHeadAttention hand qkv packed to flashlab.attention itself; any other
+    attention_fn (a wrapper, SDPA) gets the three views. Same parameters, same numbers bit for bit."""
     for make in (lambda fn: EncoderLayer(32, 2, 64, fn), lambda fn: MultiHeadAttention(32, 2, causal=True,
                                                                                           attention_fn=fn)):
         torch.manual_seed(3)
@@ -138,6 +138,20 @@ def test_layers_take_the_packed_form_and_compute_the_same():
         b.square().sum().backward()
         for p, r in zip(packed.parameters(), views.parameters()):
             assert torch.equal(p.grad, r.grad)
+
+
+def test_a_wrapper_of_attention_still_sees_q_k_v():
+    """A wrapper made with functools.wraps copies attention's attributes: the layers decide by identity,
+    so a wrapper that changes q or k (here it records them) is called, never bypassed."""
+    seen = []
+
+    @functools.wraps(attention)
+    def recording(q, k, v, **kwargs):
+        seen.append(q.shape)
+        return attention(q, k, v, **kwargs)
+    EncoderLayer(32, 2, 64, recording).to(DEVICE)(torch.randn(2, 9, 32, device=DEVICE))
+    MultiHeadAttention(32, 2, attention_fn=recording).to(DEVICE)(torch.randn(2, 9, 32, device=DEVICE))
+    assert seen == [(2, 2, 9, 16)] * 2
 
 
 def test_multi_head_attention_with_a_mask_takes_the_views():
