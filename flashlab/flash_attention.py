@@ -15,6 +15,7 @@ from torch import nn
 
 from . import ops, runtime
 from .checks import check_attention_inputs, check_window, default_scale
+from .layouts import unpack_qkv
 from .naive import naive_attention_unchecked, window_band
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
 from .runtime import input_precision
@@ -294,13 +295,13 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
         projection.
 
     The same kernels and the same numbers as ``attention(q, k, v)`` on the three views
-    (`ops.unpack_qkv`). What differs is the backward: dQ, dK and dV are written into one
+    (`flashlab.layouts.unpack_qkv`). What differs is the backward: dQ, dK and dV are written into one
     ``(B, N, 3, H, D)`` gradient laid out as ``qkv``, which is the projection's output gradient
     as it is. Given three views instead, autograd stacks their gradients (a copy) and, for views
     made by ``permute``, reshapes the stack into the projection's layout (a second copy): each
-    reads and writes 3·B·N·H·D elements, in every layer. Where the kernels do not run (float64, inside ``torch.func`` or
-    ``torch.jit.trace``, a CPU call too large for the interpreter) this is ``attention`` on the
-    three views. Like `attention`, it is a custom op under ``torch.compile``/``torch.export``.
+    reads and writes 3·B·N·H·D elements, in every layer. Where the kernels do not run (float64,
+    inside ``torch.func`` or ``torch.jit.trace``, a CPU call too large for the interpreter) this
+    is ``attention`` on the three views. Like `attention`, it is a custom op under ``torch.compile``/``torch.export``.
     `MultiHeadAttention` and `flashlab.tsp.EncoderLayer` call it when their ``attention_fn`` is
     `attention` itself: not for a wrapper (a rotary one, a logging one), which must see q, k, v."""
     if not (isinstance(qkv, torch.Tensor) and qkv.dim() == 5 and qkv.shape[2] == 3):
@@ -313,7 +314,7 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
         qkv = _autocast_inputs(qkv, None, None, None)[0]
     if qkv.stride(-1) != 1:                   # the kernels read rows of D contiguous elements
         qkv = qkv.contiguous()
-    q, k, v = ops.unpack_qkv(qkv)
+    q, k, v = unpack_qkv(qkv)
     plan = _call_plan(q, k, v, None, dropout_p, is_causal, scale, False, exact_fp32, None)
     if not plan.kernels:
         return attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
@@ -336,7 +337,6 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     else:
         out = ops.qkvpacked_forward_kernels(*args)[0]
     return out.transpose(1, 2)
-
 
 
 class _Plan(NamedTuple):

@@ -52,7 +52,7 @@ from .autotune import overriding
 from .autotune_cache import gpu_slug
 from .first_order import first_order_only
 from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
-from .layouts import output_layout
+from .layouts import output_layout, unpack_qkv
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
@@ -478,12 +478,6 @@ class SmallAttention(torch.autograd.Function):
         return *first_order_only((dq, dk, dv), (q, k, v)), None, None
 
 
-def _unpacked(qkv):
-    """(B, N, 3, H, D) → q, k, v (B, H, N, D) views (`flashlab.ops.unpack_qkv`, which imports no Triton)."""
-    q, k, v = qkv.unbind(2)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-
 class SmallPackedAttention(torch.autograd.Function):
     """`SmallAttention` for q, k, v packed in one (B, N, 3, H, D) tensor with contiguous rows, no
     mask (`flashlab.attention_qkvpacked`'s eager calls on the small path): the backward kernel
@@ -492,7 +486,7 @@ class SmallPackedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, spec):
-        q, k, v = _unpacked(qkv)
+        q, k, v = unpack_qkv(qkv)
         out, lse = small_forward(q, k, v, q, *spec)          # q: any pointer for the absent mask
         ctx.save_for_backward(qkv, out, lse)
         ctx.spec = spec
@@ -504,6 +498,6 @@ class SmallPackedAttention(torch.autograd.Function):
         if grad_out.stride(-1) != 1:            # the kernel reads dO rows as contiguous
             grad_out = grad_out.contiguous()
         dqkv = torch.empty_like(qkv)
-        q, k, v = _unpacked(qkv)
-        small_backward(q, k, v, out, lse, grad_out, q, *ctx.spec, grads=_unpacked(dqkv))
+        q, k, v = unpack_qkv(qkv)
+        small_backward(q, k, v, out, lse, grad_out, q, *ctx.spec, grads=unpack_qkv(dqkv))
         return *first_order_only((dqkv,), (qkv,)), None

@@ -1,5 +1,6 @@
-"""The memory layout of attention's output O, one rule for every path (the small, general and
-Hopper kernels, the custom op's fake)."""
+"""Memory layouts of attention's tensors: the layout of the output O, one rule for every path (the
+small, general and Hopper kernels, the custom op's fake), and q, k, v as views of one packed
+(B, N, 3, H, D) projection (`unpack_qkv`)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def output_layout(q: Tensor, value_dim: int | None = None) -> tuple[tuple, tuple
     if q.stride(1) < q.stride(2):                   # (B, Nq, H, Dv) in memory
         return (B, H, n_q, dv), (n_q * H * dv, dv, H * dv, 1)
     return (B, H, n_q, dv), (H * n_q * dv, n_q * dv, dv, 1)
+
+
+def unpack_qkv(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, N, 3, H, D) → q, k, v as (B, H, N, D) views (no copies): `flashlab.attention_qkvpacked`'s
+    inputs as the kernels take them, and its gradient's three parts as they write them."""
+    q, k, v = qkv.unbind(2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

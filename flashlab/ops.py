@@ -8,7 +8,7 @@ tracing into Triton's launcher:
                                        is_causal, scale, input_precision, mask_grad,
                                        window_left=-1, window_right=-1) -> (dq, dk, dv, dmask)
 
-and the same pair for q, k, v packed in one (B, N, 3, H, D) tensor (`unpack_qkv`, below), whose
+and the same pair for q, k, v packed in one (B, N, 3, H, D) tensor (`layouts.unpack_qkv`), whose
 backward returns one gradient in that layout: ``flash_attention_qkvpacked_forward`` / ``_backward``.
 
 Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .first_order import first_order_only
-from .layouts import output_like
+from .layouts import output_like, unpack_qkv
 
 LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
 
@@ -222,12 +222,6 @@ flash_attention_forward.register_autograd(FlashAttentionFunction.backward,
 #                                                 input_precision) -> (out, lse)
 #     flashlab::flash_attention_qkvpacked_backward(grad_out, qkv, out, lse, dropout_p, seed?,
 #                                                  is_causal, scale, input_precision) -> dqkv
-
-
-def unpack_qkv(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(B, N, 3, H, D) → q, k, v as (B, H, N, D) views (no copies)."""
-    q, k, v = qkv.unbind(2)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 def qkvpacked_forward_kernels(qkv: Tensor, dropout_p: float, seed: Tensor | None, is_causal: bool, scale: float,
