@@ -111,3 +111,17 @@ def test_small_graphs_choices_and_encoder_tiles_run_on_the_cpu(tmp_path):
     assert {"sdpa", "flashlab default launches", "flashlab, three views (not packed)",
             "flashlab, three views, O contiguous (before 2026-12-05)"} <= set(row["median_ms_per_step"])
     assert all(ms > 0 for ms in row["median_ms_per_step"].values())
+
+
+def test_encoder_tiles_times_the_packed_form_without_choices(tmp_path):
+    """If the GPU's budget ends before `choices` reached an N, the encoder step is still timed there,
+    packed, as three views and as before, beside SDPA (only the 'fastest launches' variant needs choices)."""
+    import json
+
+    from measurements import small_graphs
+    assert small_graphs.main([str(tmp_path), "--smoke", "--sections", "encoder_tiles"]) == 0
+    section = json.loads((tmp_path / "small_graphs.json").read_text())["sections"]["encoder_tiles"]
+    (row,) = section["rows"]
+    assert row["fastest"] is None and "no 'fastest launches' variant" in section["skipped"][0]["why"]
+    assert set(row["median_ms_per_step"]) == {"sdpa", "flashlab default launches", "flashlab, three views (not packed)",
+                                              "flashlab, three views, O contiguous (before 2026-12-05)"}
