@@ -1,11 +1,11 @@
 """Exercise 08: dynamic loss scaling (notebook 08_mixed_precision).
 
-fp16 gradients below about 6e-8 flush to zero. Multiplying the loss by a large scale S
-multiplies every gradient by S (the chain rule is linear), lifting small gradients into
-fp16's range; dividing by S before the optimizer step restores their true size. If S is
-too large some gradient overflows to inf: skip that step and halve S. After
-``growth_interval`` good steps in a row, try doubling S again. This is what
-``torch.amp.GradScaler`` does; the test compares your scale sequence with it.
+fp16 gradients below about 3e-8 (half fp16's smallest subnormal, 6e-8) round to zero.
+Multiplying the loss by a large scale S multiplies every gradient by S (the chain rule is
+linear), lifting small gradients into fp16's range; dividing by S before the optimizer step
+restores their true size. If S is too large some gradient overflows to inf: skip that step
+and halve S. After ``growth_interval`` good steps in a row, try doubling S again. This is
+what ``torch.amp.GradScaler`` does; the test compares your scale sequence with it.
 
 Test: ``make test-ex EX=08`` (or ``.venv/bin/python -m pytest tests/test_ex08_loss_scaler.py``)
 """

@@ -38,11 +38,16 @@ def round_to(x: float, name: str) -> float:
 
 
 def attention_row_with_rounded_state(scores: torch.Tensor, values: torch.Tensor, state_dtype: torch.dtype,
-                                     block: int = 64) -> torch.Tensor:
+                                     block: int = 64, rounded: tuple[str, ...] = ("l", "acc")) -> torch.Tensor:
     """One query row of attention, softmax(scores) · values, computed tile by tile as a
     flash kernel does (`flashlab.online_softmax.update`), with the running sum ℓ and the
     output accumulator rounded to ``state_dtype`` after every tile and float64 otherwise:
-    what keeping the kernel's state in low precision would cost."""
+    what keeping the kernel's state in low precision would cost. ``rounded`` names which of
+    the two are rounded (``"l"``, ``"acc"``; both by default), to tell their costs apart."""
+    if not set(rounded) <= {"l", "acc"}:
+        raise ValueError(f"rounded: expected a subset of ('l', 'acc'), got {rounded!r}")
+    acc_dtype = state_dtype if "acc" in rounded else torch.float64
+    l_dtype = state_dtype if "l" in rounded else torch.float64
     from .online_softmax import SoftmaxState, initial_state, safe_shift, update
 
     state = initial_state((), torch.float64)
@@ -51,6 +56,6 @@ def attention_row_with_rounded_state(scores: torch.Tensor, values: torch.Tensor,
         s, v = scores[start:start + block].double(), values[start:start + block].double()
         new = update(state, s)                                         # m' and ℓ' = ℓ·e^(m−m') + Σ e^(s−m')
         shift = safe_shift(new.m)
-        acc = (acc * torch.exp(state.m - shift) + torch.exp(s - shift) @ v).to(state_dtype).double()
-        state = SoftmaxState(new.m, new.l.to(state_dtype).double())
+        acc = (acc * torch.exp(state.m - shift) + torch.exp(s - shift) @ v).to(acc_dtype).double()
+        state = SoftmaxState(new.m, new.l.to(l_dtype).double())
     return acc / state.l

@@ -108,6 +108,16 @@ MUTANTS = [
      "lo = (start_n // BLOCK_M) * BLOCK_M", "lo = 0"),
     ("ex06_flash_backward", "dQ pass visits every key block (causal)",
      "hi = tl.minimum(n_k, start_m + BLOCK_M)", "hi = n_k"),
+    ("ex07_autotuner", "NaN errors accepted (error > tolerance)", "if not error <= tolerance:",
+     "if error > tolerance:"),
+    ("ex07_autotuner", "error bound exclusive (error < tolerance)", "if not error <= tolerance:",
+     "if not error < tolerance:"),
+    ("ex07_autotuner", "no margin: the fastest always replaces the default",
+     "if default in times and not times[best] < margin * times[default]:", "if False:"),
+    ("ex07_autotuner", "margin inclusive (a tie at margin × default replaces it)",
+     "not times[best] < margin * times[default]", "not times[best] <= margin * times[default]"),
+    ("ex07_autotuner", "margin applied against a default that failed",
+     "if default in times and not times[best]", "if not times[best]"),
     ("ex08_loss_scaler", "scale grows one step late", "if growth_tracker == growth_interval:",
      "if growth_tracker > growth_interval:"),
     ("ex08_loss_scaler", "scale grows one step early", "if growth_tracker == growth_interval:",
@@ -117,8 +127,15 @@ MUTANTS = [
      "    if True:\n        optimizer.step()"),
     ("ex08_loss_scaler", "NaN gradients not detected", "not bool(torch.isfinite(p.grad).all())",
      "bool(torch.isinf(p.grad).any())"),
+    ("ex08_loss_scaler", "state's growth_interval ignored (update_scale's default)",
+     'state.get("growth_interval", 2000))', "2000)"),
+    ("ex08_loss_scaler", "state's backoff_factor ignored (update_scale's default)",
+     'state.get("backoff_factor", 0.5),', "0.5,"),
     ("ex08b_autocast_step", "clips before unscaling",
      "        scaler.unscale_(optimizer)" + " " * 34 + "# before clipping: clip true gradients\n", ""),
+    ("ex08b_autocast_step", "never clips (max norm inf)", "clip_grad_norm_(model.parameters(), grad_clip)",
+     'clip_grad_norm_(model.parameters(), float("inf"))'),
+    ("ex08b_autocast_step", "gradients not cleared after the step", "    optimizer.zero_grad(set_to_none=True)\n", ""),
     ("ex08b_autocast_step", "steps on inf without a scaler", "    elif not skipped:\n", "    else:\n"),
     ("ex08b_autocast_step", "no autocast for bf16-mixed", '"bf16-mixed": torch.bfloat16', '"bf16-mixed": None'),
     ("ex08b_autocast_step", "no error for 16-mixed without a scaler",
@@ -223,7 +240,7 @@ def main(only: list[str]) -> int:
             "# Mutation check of the exercise tests\n\n"
             "Each row is a plausible wrong answer written into a copy of the reference answer and run\n"
             "against that exercise's tests (`python tests/mutants.py` regenerates this file). Every one\n"
-            "is caught; the reference answers pass. ex07 (the autotuner) is checked by its own tests' authors.\n\n"
+            "is caught; the reference answers pass.\n\n"
             + table + "\n")
     print("\n" + table)
     for p in problems:

@@ -31,7 +31,7 @@ def _changes(scales, start):
             [i + 1 for i, (a, b) in enumerate(zip(before, scales)) if b < a])
 
 
-def _compare_with_grad_scaler(exercise, pattern, growth_interval):
+def _compare_with_grad_scaler(exercise, pattern, growth_interval, replay=""):
     init = 2.0**10
     reference = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=growth_interval)
     w = torch.nn.Parameter(torch.ones(1))
@@ -61,16 +61,18 @@ def _compare_with_grad_scaler(exercise, pattern, growth_interval):
     raise AssertionError(
         f"update_scale differs from torch.amp.GradScaler from step {step} on (steps counted from 1): expected "
         f"scale {theirs[step - 1]}, got {mine[step - 1]}.{hint}\n  overflow at steps {overflows} of "
-        f"{len(pattern)}, starting from scale {init}\n  GradScaler's scales: {theirs}\n  yours:               {mine}")
+        f"{len(pattern)}, starting from scale {init}\n  GradScaler's scales: {theirs}\n  yours:               {mine}"
+        + replay)
 
 
-def test_scale_sequence_matches_grad_scaler(exercise):
+def test_scale_sequence_matches_grad_scaler(exercise, seed):
     """The same pattern of overflowing steps gives GradScaler's scale sequence: a fixed pattern
     with growth and back-to-back overflows, then a random one with a random growth_interval."""
     _compare_with_grad_scaler(exercise, [False, False, True, False, False, False, False, True, True, False,
                                          False, False], growth_interval=3)
     growth_interval = int(torch.randint(2, 5, ()))
-    _compare_with_grad_scaler(exercise, (torch.rand(20) < 0.2).tolist(), growth_interval)
+    _compare_with_grad_scaler(exercise, (torch.rand(20) < 0.2).tolist(), growth_interval,
+                              replay=f"\n  (a random pattern: FLASHLAB_SEED={seed} make test-ex EX=08 replays it)")
 
 
 def test_scaled_step_skips_on_overflow_and_keeps_small_gradients(exercise):
@@ -104,3 +106,32 @@ def test_scaled_step_skips_on_overflow_and_keeps_small_gradients(exercise):
         f"got scale {state['scale']}, growth_tracker {state['growth_tracker']}")
     assert w.grad is None or torch.all(w.grad == 0), (
         f"gradients are cleared after a skipped step (zero_grad); w.grad is {w.grad.tolist()}")
+
+
+def test_scaled_step_reads_the_optional_state_keys(exercise):
+    """``state`` may carry its own growth_factor, growth_interval and backoff_factor; scaled_step
+    must use them (passing them on to update_scale) rather than update_scale's defaults."""
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.0)
+    state = {"scale": 8.0, "growth_tracker": 0, "growth_factor": 4.0, "growth_interval": 2, "backoff_factor": 0.25}
+    for step in (1, 2):
+        assert exercise.scaled_step(w.half().sum(), [w], opt, state) is True, (
+            f"step {step} has finite gradients (1 · scale 8): scaled_step should step and return True")
+    if state["scale"] != 32.0:
+        hint = {16.0: " (that is growth_factor 2, the default: use state['growth_factor'] when it is there)",
+                8.0: " (no growth yet: use state['growth_interval'] when it is there, not the default 2000)"}
+        raise AssertionError(
+            f"state {{'growth_interval': 2, 'growth_factor': 4.0}}: after 2 clean steps from scale 8 the scale should "
+            f"grow to 8 · 4 = 32 with growth_tracker 0; got scale {state['scale']}, growth_tracker "
+            f"{state['growth_tracker']}{hint.get(state['scale'], '')}. Pass state.get('growth_factor', 2.0), "
+            "state.get('backoff_factor', 0.5) and state.get('growth_interval', 2000) on to update_scale.")
+    assert state["growth_tracker"] == 0, (
+        f"the scale grew at step 2, so growth_tracker should restart at 0; got {state['growth_tracker']}")
+    overflow = (w.half() * 1e4).sum()                # gradient 1e4 · 32 overflows fp16's 65504
+    assert exercise.scaled_step(overflow, [w], opt, state) is False, (
+        "step 3's gradient 1e4 · scale 32 overflows fp16: scaled_step should skip the step and return False")
+    assert state["scale"] == 8.0 and state["growth_tracker"] == 0, (
+        f"state {{'backoff_factor': 0.25}}: an overflow at scale 32 should shrink it to 32 · 0.25 = 8 (tracker 0); got "
+        f"scale {state['scale']}, growth_tracker {state['growth_tracker']}"
+        + (" (that is backoff_factor 0.5, the default: use state['backoff_factor'] when it is there)"
+           if state["scale"] == 16.0 else ""))
