@@ -54,6 +54,8 @@ def interpreted_tiles_allowed(tiles: int) -> bool:
 
 def _count_interpreted(tiles: int, stacklevel: int = 3) -> None:
     global _interpreted_tiles
+    if type(tiles) is not int:          # a symbolic count (torch.export with dynamic shapes) is no call run:
+        return                          # kept, it would outlive the trace and break the next one
     before, _interpreted_tiles = _interpreted_tiles, _interpreted_tiles + tiles
     if before < INTERPRETER_NOTICE_TILES <= _interpreted_tiles:
         warnings.warn(
@@ -176,7 +178,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             backward, never stored; `flashlab.flash_launch.dropout_keep_mask` reproduces it.
             The PyTorch path (below) drops with ``torch.nn.functional.dropout`` instead: one
             seed gives different masks on the two routes (each reproducible), so on a CPU the
-            mask of a call can change with its batch size, which picks the route.
+            mask of a call can change with its batch size, which picks the route. Under
+            ``torch.compile`` with Inductor the seed is drawn by Inductor's own random numbers,
+            as every random op is there: reproducible, but not eager's mask for the same
+            ``torch.manual_seed`` (``torch._inductor.config.fallback_random = True`` draws eager's).
         is_causal: query i sees keys 0..i (top-left aligned, like PyTorch). With ``attn_mask``
             too only on CPU tensors (both apply), where torch 2.13's SDPA also takes both.
         scale: default ``1/sqrt(D)`` (D of q and k); any finite number, as in SDPA.
@@ -288,7 +293,8 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     Args:
         qkv: ``(B, N, 3, H, D)``: ``proj(x).view(B, N, 3, H, D)`` for a projection ``proj`` of
             width 3·H·D; ``qkv[:, :, 0]`` is q, ``[:, :, 1]`` k, ``[:, :, 2]`` v.
-        dropout_p, is_causal, scale, exact_fp32: as `attention`'s.
+        dropout_p, is_causal, scale, exact_fp32: as `attention`'s (SDPA's names: FlashAttention's
+            ``causal`` and ``softmax_scale`` are ``is_causal`` and ``scale`` here).
 
     Returns:
         ``(B, N, H, D)``, contiguous: ``out.reshape(B, N, H·D)`` is a view, ready for the output
@@ -308,6 +314,9 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
         got = f"shape {tuple(qkv.shape)}" if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv: expected a (B, N, 3, H, D) tensor, q, k and v stacked in dimension 2; got {got}. "
                          "Pass proj(x).view(B, N, 3, H, D), or call flashlab.attention(q, k, v) on separate tensors.")
+    if not qkv.is_floating_point():
+        raise ValueError(f"qkv: dtype {qkv.dtype} is not supported here. Use torch.float16, torch.bfloat16, "
+                         "torch.float32 or torch.float64, e.g. qkv.to(torch.float32).")
     if isinstance(scale, torch.Tensor) or isinstance(dropout_p, torch.Tensor):
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
     if _autocasting(qkv):
@@ -318,7 +327,7 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     plan = _call_plan(q, k, v, None, dropout_p, is_causal, scale, False, exact_fp32, None)
     if not plan.kernels:
         return attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                         exact_fp32=exact_fp32).transpose(1, 2)
+                         exact_fp32=exact_fp32).transpose(1, 2).contiguous()     # the layout the kernels give
     if plan.cpu_tiles:
         _count_interpreted(plan.cpu_tiles)
     seed = ops.draw_seed() if plan.dropout_p > 0 else None
@@ -384,6 +393,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         if plan is not None:
             return plan
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
+    if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
+        raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
+                        "allows TF32) or False.")
     if window is not None:
         window = (int(window[0]), int(window[1]))
         if window == (-1, -1):                               # unbounded both ways: no window at all

@@ -278,3 +278,40 @@ def test_hopper_sizes_on_cuda_copy_their_gradients_in():
     """D = 64/128, N > 128, bf16: the Hopper kernels where the GPU has them, whose gradients are
     copied into the packed buffer."""
     _against_float64(2, 1024, 4, 128, True, torch.bfloat16)
+
+
+def test_the_pytorch_path_returns_the_same_layout():
+    """float64 (and anything else the kernels do not take) runs attention on the three views: the
+    output is still contiguous (B, N, H, D), so the layer's reshape stays a view."""
+    out = attention_qkvpacked(torch.randn(2, 37, 3, 2, 32, dtype=torch.float64, device=DEVICE))
+    assert out.shape == (2, 37, 2, 32) and out.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_a_non_float_qkv_is_named(dtype):
+    with pytest.raises(ValueError, match=r"^qkv: dtype .* qkv\.to\(torch\.float32\)"):
+        attention_qkvpacked(torch.ones(2, 5, 3, 1, 16, dtype=dtype))
+
+
+def test_exact_fp32_must_be_a_bool():
+    qkv = torch.randn(1, 4, 3, 1, 16)
+    with pytest.raises(TypeError, match="exact_fp32: 'yes' is not a bool"):
+        attention_qkvpacked(qkv, exact_fp32="yes")
+    with pytest.raises(TypeError, match="exact_fp32"):
+        attention(*_views(qkv), exact_fp32=1)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's interpreted-tile count")
+def test_an_export_with_dynamic_shapes_leaves_no_symbolic_state_behind():
+    """The process-wide count of interpreted tiles (for InterpreterWarning) once kept the symbolic
+    count a dynamic-shape export traced, and the next static export failed on it."""
+    import flashlab.flash_attention
+
+    class Layer(torch.nn.Module):
+        def forward(self, qkv):
+            return attention_qkvpacked(qkv, is_causal=True)
+    qkv = torch.randn(2, 20, 3, 2, 16)
+    torch.export.export(Layer(), (qkv,), dynamic_shapes=({0: torch.export.Dim("B", max=4)},))
+    assert type(flashlab.flash_attention._interpreted_tiles) is int
+    exported = torch.export.export(Layer(), (qkv,))
+    assert torch.equal(exported.module()(qkv), Layer()(qkv))
