@@ -32,6 +32,8 @@ def flash_forward_kernel(Q, K, V, O, L, seq_len, scale, HEAD_DIM: tl.constexpr,
       P̃ = e^(S − m'); l = l·e^(m − m') + rowsum P̃; acc = acc·e^(m − m') + P̃ V
       (cast P̃ to V's dtype for ``tl.dot``); m = m'.
     - Store O = acc / l in O's dtype and L = m + log l (natural log).
+    - ``tl.exp`` works as is; with ``tl.math.exp2`` (as notebook 05's kernels), exp2 needs
+      S·log2(e) (e^x = 2^(x·log2 e)), and L = (m + log2 l)·ln 2 stays in natural log.
     """
     pass
 

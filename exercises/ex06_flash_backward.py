@@ -1,7 +1,8 @@
 """Exercise 06: the flash-attention backward kernels in Triton (notebook 06_triton_backward).
 
 Given Q, K, V, the forward's O and log-sum-exp L, and dO, compute dQ, dK, dV without ever
-storing an N×N matrix. P is recomputed tile by tile as P = e^(S − L).
+storing an N×N matrix. P is recomputed tile by tile as P = e^(S − L). L is the natural-log
+log-sum-exp (not the base-2 L of notebook 06's kernels): with exp2, P = exp2((S − L)·log2(e)).
 
     D_i  = rowsum(dO_i ∘ O_i)                 (computed for you in PyTorch in the launcher)
     dV_j = Σ_i P_ijᵀ dO_i

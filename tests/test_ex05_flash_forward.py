@@ -17,6 +17,8 @@ TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16
 
 RESCALE_HINT = ("\nhint: if only sequences of one key block pass, check the rescale of the accumulator "
                 "by alpha = exp(m_old − m_new) when the running max changes")
+LOG2E_HINT = ("\nhint: the output is softmax(S·ln 2) V, attention with its scores scaled by ln 2: exp2 needs "
+              "S·log2(e) (2^(x·log2 e) = e^x), so multiply the scores by log2(e) before exp2")
 OVERFLOW_HINT = ("\nhint: inf or NaN: e^S overflows fp32 once S > ln(fp32 max) ≈ 88.7; exponentiate S − m "
                  "with m the running row max")
 
@@ -36,22 +38,33 @@ def _check_lse(lse, q, k, tol):
         raise AssertionError(f"{error}{known_mistake(rel_error(lse, want), signatures)}") from None
 
 
-def _check_out(out, want, tol):
+def _check_out(out, q, k, v, tol, block, scale=None):
+    """assert_close of O against float64 attention, with a hint where the failure has the
+    signature of a known mistake: inf/NaN (no running max), the output of attention with the
+    scores scaled by ln 2 (exp2 without log2 e), or (N > one key block) a missing rescale."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     try:
-        assert_close(out, want, tol=tol)
+        assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
     except AssertionError as error:
-        hint = RESCALE_HINT if torch.isfinite(out).all() else OVERFLOW_HINT
+        if not torch.isfinite(out).all():
+            hint = OVERFLOW_HINT
+        elif rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
+            hint = LOG2E_HINT
+        elif k.shape[-2] > block:      # the rescale only matters from the second key block on
+            hint = RESCALE_HINT
+        else:
+            hint = ""
         raise AssertionError(f"{error}{hint}") from None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("B,H,N,D", [(1, 1, 32, 16), (2, 2, 64, 32), (1, 2, 96, 64)])
 def test_output_and_logsumexp_match_float64(exercise, B, H, N, D, dtype):
     q, k, v = (torch.randn(B, H, N, D, device=DEVICE, dtype=dtype) for _ in range(3))
     out, lse = exercise.flash_forward(q, k, v)
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (B, H, N) and lse.dtype == torch.float32
-    _check_out(out, reference_attention(q, k, v), TOL[dtype])
+    _check_out(out, q, k, v, TOL[dtype], exercise.BLOCK)
     _check_lse(lse, q, k, TOL[dtype])
 
 
@@ -64,14 +77,14 @@ def test_large_scores_need_the_running_max(exercise):
     largest = (q @ k.transpose(-1, -2) / 4).max().item()
     assert largest > 100, f"test inputs: the largest score {largest:.0f} would not overflow e^S in fp32"
     out, lse = exercise.flash_forward(q, k, v)
-    _check_out(out, reference_attention(q, k, v), TOL[torch.float32])
+    _check_out(out, q, k, v, TOL[torch.float32], exercise.BLOCK)
     _check_lse(lse, q, k, TOL[torch.float32])
 
 
 def test_scale(exercise):
     q, k, v = (torch.randn(1, 1, 32, 16, device=DEVICE) for _ in range(3))
     out, _ = exercise.flash_forward(q, k, v, scale=0.7)
-    assert_close(out, reference_attention(q, k, v, scale=0.7), tol=TOL[torch.float32])
+    _check_out(out, q, k, v, TOL[torch.float32], exercise.BLOCK, scale=0.7)
 
 
 def test_rejects_a_length_that_is_not_a_block_multiple(exercise):

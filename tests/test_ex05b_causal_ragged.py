@@ -5,13 +5,52 @@ import torch
 
 import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention
-from flashlab.reference import TF32_TOLERANCE, reference_logsumexp
+from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16: 3e-3}
 
+RAGGED_HINT = ("\nhint: Nk = {n_k} is not a multiple of BLOCK_N = {block}, and the same call passes with "
+               "Nk rounded up to one: mask the ragged end of the keys, load K and V with "
+               "mask=cols < n_k and set the scores of keys cols ≥ n_k to −inf before the row max")
+CAUSAL_HINT = ("\nhint: the same call without is_causal passes, so the causal part is wrong: the loop bound "
+               "hi = min(Nk, (start_m + 1)·BLOCK_M) and the mask cols <= rows inside the tile "
+               "(key j ≤ query i: `<=` keeps the diagonal)")
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+
+def _passes(exercise, q, k, v, is_causal, tol):
+    """Whether the exercise's O matches float64 on these inputs."""
+    out, _ = exercise.flash_forward(q, k, v, is_causal=is_causal)
+    want = reference_attention(q, k, v, is_causal=is_causal)
+    return bool(torch.isfinite(out).all()) and rel_error(out, want) <= tol
+
+
+def _hint(exercise, q, k, v, is_causal, tol):
+    """The signature of a failure, found by running the exercise on related inputs: passing with
+    Nk a block multiple (the ragged-end key mask), passing without the causal mask (loop bounds
+    or the diagonal)."""
+    n_k, block = k.shape[-2], exercise.BLOCK
+    if n_k % block:
+        extra = block - n_k % block
+        more = [torch.cat([t, torch.randn(*t.shape[:-2], extra, t.shape[-1], device=t.device, dtype=t.dtype)], -2)
+                for t in (k, v)]
+        if _passes(exercise, q, *more, is_causal, tol):
+            return RAGGED_HINT.format(n_k=n_k, block=block)
+    if is_causal and _passes(exercise, q, k, v, False, tol):
+        return CAUSAL_HINT
+    return ""
+
+
+def _check(exercise, out, lse, q, k, v, is_causal, tol):
+    """assert_close of O and L, with a hint where the failure has a known signature."""
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=tol)
+        assert_close(lse, reference_logsumexp(q, k, is_causal), tol=tol, what="lse")
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_hint(exercise, q, k, v, is_causal, tol)}") from None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("Nq,Nk,D", [(1, 1, 16), (17, 17, 16), (100, 100, 32), (40, 70, 16), (70, 40, 64)])
 def test_matches_float64(exercise, Nq, Nk, D, is_causal, dtype):
@@ -19,8 +58,7 @@ def test_matches_float64(exercise, Nq, Nk, D, is_causal, dtype):
     k, v = (torch.randn(2, 2, Nk, D, device=DEVICE, dtype=dtype) for _ in range(2))
     out, lse = exercise.flash_forward(q, k, v, is_causal=is_causal)
     assert out.shape == q.shape and lse.shape == (2, 2, Nq)
-    assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=TOL[dtype])
-    assert_close(lse, reference_logsumexp(q, k, is_causal), tol=TOL[dtype], what="lse")
+    _check(exercise, out, lse, q, k, v, is_causal, TOL[dtype])
 
 
 def test_causal_skips_tiles_above_the_diagonal(exercise):

@@ -20,9 +20,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
 
 
-def _hint(what: str, err: float, head_dim: int) -> str:
-    """A hint naming the mistake when the relative error of d{q,k,v} matches its signature
-    (within 1%): a sign flip gives exactly 2, a missing scale 1/√D gives exactly √D − 1."""
+P_HINT = ("\nhint: dV = Pᵀ dO is wrong too, so P is: check P = exp(S·scale − L) and its masks. L here is the "
+          "natural-log log-sum-exp (not the base-2 L of notebook 06's kernels); with exp2, multiply by "
+          "log2(e): P = exp2((S·scale − L)·log2(e))")
+
+
+def _hint(what: str, err: float, head_dim: int, dv_ok: bool) -> str:
+    """A hint naming the mistake when the error of d{q,k,v} has its signature. With dV correct
+    (P right, the mistake after it), an error of d{q,k} within 1% of 2 is a flipped dS, of √D − 1
+    a missing scale 1/√D. With dV wrong, P itself is wrong (e.g. L, natural log, used as base 2)."""
+    if not dv_ok:
+        return P_HINT
     signatures = []
     if what in ("dq", "dk"):
         signatures.append((2.0, "dS = P ∘ (dP − D), not (D − dP)"))
@@ -30,12 +38,15 @@ def _hint(what: str, err: float, head_dim: int) -> str:
     return known_mistake(err, signatures)
 
 
-def _check(got, want, tol, what):
-    """assert_close, with a hint when the error has the signature of a known mistake."""
-    try:
-        assert_close(got, want, tol=tol, what=what)
-    except AssertionError as error:
-        raise AssertionError(f"{error}{_hint(what, rel_error(got, want), got.shape[-1])}") from None
+def _check_all(grads, wants, tol):
+    """assert_close of (dq, dk, dv), with a hint when the errors have the signature of a known
+    mistake; dV's error is looked at first, since the dS hints hold only where dV is right."""
+    dv_ok = math.isfinite(rel_error(grads[2], wants[2])) and rel_error(grads[2], wants[2]) <= tol
+    for what, got, want in zip(("dq", "dk", "dv"), grads, wants):
+        try:
+            assert_close(got, want, tol=tol, what=what)
+        except AssertionError as error:
+            raise AssertionError(f"{error}{_hint(what, rel_error(got, want), got.shape[-1], dv_ok)}") from None
 
 
 def _forward(q, k, v, is_causal):
@@ -44,7 +55,7 @@ def _forward(q, k, v, is_causal):
     return reference_attention(q, k, v, is_causal=is_causal).to(DEVICE, q.dtype), lse
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("Nq,Nk,D", [(1, 1, 16), (17, 17, 16), (100, 100, 32), (40, 70, 16), (70, 40, 64)])
 def test_gradients_match_float64(exercise, Nq, Nk, D, is_causal, dtype):
@@ -53,9 +64,10 @@ def test_gradients_match_float64(exercise, Nq, Nk, D, is_causal, dtype):
     grad_out = torch.randn_like(q)
     out, lse = _forward(q, k, v, is_causal)
     grads = exercise.flash_backward(q, k, v, out, lse, grad_out, is_causal=is_causal)
-    for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=is_causal)):
+    wants = reference_gradients(q, k, v, grad_out, is_causal=is_causal)
+    for name, got, want in zip("qkv", grads, wants):
         assert got.shape == want.shape and got.dtype == dtype, f"d{name}: shape or dtype"
-        _check(got, want, TOL[dtype], f"d{name}")
+    _check_all(grads, wants, TOL[dtype])
 
 
 def test_deterministic(exercise):
@@ -79,9 +91,7 @@ def test_causal_skips_tiles_above_the_diagonal(exercise):
         "the dK/dV pass visited query blocks that cannot see its keys"
     assert (dk[:, :, 40:] == 0).all() and (dv[:, :, 40:] == 0).all(), "keys no query sees get zero gradient"
     want = reference_gradients(q, k[:, :, :40], v[:, :, :40], grad_out, is_causal=True)
-    _check(dq, want[0], TOL[torch.float32], "dq")
-    _check(dk[:, :, :40], want[1], TOL[torch.float32], "dk")
-    _check(dv[:, :, :40], want[2], TOL[torch.float32], "dv")
+    _check_all((dq, dk[:, :, :40], dv[:, :, :40]), want, TOL[torch.float32])
 
 
 class _LaunchRecorder:
