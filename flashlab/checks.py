@@ -59,6 +59,10 @@ def check_attention_inputs(
         if not isinstance(t, torch.Tensor):
             _fail(name, f"expected a torch.Tensor, got {type(t).__name__}",
                   "Pass a tensor of shape (..., N, D).")
+        if t.is_nested:
+            _fail(name, "is a nested tensor; the kernels take dense tensors",
+                  "For sequences of different lengths pass them packed to flashlab.varlen_attention "
+                  "(rows of every sequence with cu_seqlens), or pad them and pass an attn_mask.")
         if t.dim() < 2:
             _fail(name, f"expected at least 2 dimensions (..., N, D), got shape {tuple(t.shape)}",
                   "Add the sequence dimension, e.g. t.unsqueeze(0).")

@@ -310,6 +310,9 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     is ``attention`` on the three views. Like `attention`, it is a custom op under ``torch.compile``/``torch.export``.
     `MultiHeadAttention` and `flashlab.tsp.EncoderLayer` call it when their ``attention_fn`` is
     `attention` itself: not for a wrapper (a rotary one, a logging one), which must see q, k, v."""
+    if isinstance(qkv, torch.Tensor) and qkv.is_nested:
+        raise ValueError("qkv: a nested tensor; the kernels take dense tensors. For sequences of different lengths "
+                         "use flashlab.varlen_attention (packed rows with cu_seqlens), or pad them.")
     if not (isinstance(qkv, torch.Tensor) and qkv.dim() == 5 and qkv.shape[2] == 3):
         got = f"shape {tuple(qkv.shape)}" if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv: expected a (B, N, 3, H, D) tensor, q, k and v stacked in dimension 2; got {got}. "

@@ -713,3 +713,11 @@ def test_a_one_dimensional_input_is_named_not_broadcast(which):
     tensors[which] = torch.randn(16)
     with pytest.raises(ValueError, match=rf"^{which}: expected at least 2 dimensions"):
         attention(tensors["q"], tensors["k"], tensors["v"])
+
+
+def test_a_nested_tensor_is_named_with_what_to_use():
+    """SDPA takes jagged nested tensors; flashlab's kernels take dense ones: said in one line that
+    points to varlen_attention, instead of an AttributeError from inside the tile count."""
+    nested = torch.nested.nested_tensor([torch.randn(2, 5, 16), torch.randn(2, 7, 16)], layout=torch.jagged)
+    with pytest.raises(ValueError, match=r"^q: is a nested tensor.*varlen_attention"):
+        attention(nested, nested, nested)

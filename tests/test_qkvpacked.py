@@ -315,3 +315,9 @@ def test_an_export_with_dynamic_shapes_leaves_no_symbolic_state_behind():
     assert type(flashlab.flash_attention._interpreted_tiles) is int
     exported = torch.export.export(Layer(), (qkv,))
     assert torch.equal(exported.module()(qkv), Layer()(qkv))
+
+
+def test_a_nested_qkv_is_named():
+    nested = torch.nested.nested_tensor([torch.randn(5, 3, 2, 16), torch.randn(7, 3, 2, 16)], layout=torch.jagged)
+    with pytest.raises(ValueError, match=r"^qkv: a nested tensor.*varlen_attention"):
+        attention_qkvpacked(nested)
