@@ -279,7 +279,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         with torch.no_grad():
             out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
                                           torch.float32)
-        results = without_backward((out.to(q.dtype), lse), (q, k_cache, v_cache), NO_BACKWARD)
+        results = without_backward((out, lse), (q, k_cache, v_cache), NO_BACKWARD)    # q is fp32 here (above)
         return results if return_lse else results[0]
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]

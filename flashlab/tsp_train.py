@@ -106,10 +106,6 @@ class TSPConfig:
 KOOL_RUN = RunConfig(batch_size=512, lr=1e-4, adam_beta2=0.999, weight_decay=0.0, warmup_steps=0, min_lr_ratio=1.0)
 
 
-def model_dtype(model) -> torch.dtype:
-    return next(model.parameters()).dtype
-
-
 class TSPTrainer(Trainer):
     """The flashlab Trainer with REINFORCE for the Attention Model: ``TSPTrainer(TSPConfig(…),
     KOOL_RUN)``. The per-step metric is the mean length of the sampled tours; the work per
@@ -176,7 +172,8 @@ class TSPTrainer(Trainer):
             # a non-finite embedding makes every log-probability NaN, and argmax then repeats a city
             raise TrainingDiverged(
                 f"the greedy rollout at step {self.step} repeated cities: the model's activations are no longer "
-                f"finite in {self.run.precision} ({model_dtype(model)} weights; float16 overflows past 65504). "
+                f"finite in {self.run.precision} ({next(model.parameters()).dtype} weights; float16 overflows "
+                "past 65504). "
                 "Use bf16-mixed (or 16-mixed, which scales the loss), or lower lr.")
         return tour_length(coords, tours)
 
