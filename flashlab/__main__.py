@@ -40,19 +40,11 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError
-from .config import ConfigError, check_value, describe_range, field_kind
+from .config import ConfigError, OneLineErrorParser, check_value, describe_range, field_kind
 
 
 class UsageError(Exception):
     """A user error found after parsing: printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage block) that points to --help."""
-
-    def error(self, message):
-        message = message.removeprefix("argument ")                  # "--lr: …", like every other error
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 # ---------------------------------------------------------------- argument types that check
@@ -533,7 +525,7 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
+    parser = OneLineErrorParser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     parser.subcommands = commands.choices           # name or alias -> its parser

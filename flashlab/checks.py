@@ -36,6 +36,7 @@ def check_attention_inputs(
     enable_gqa: bool = False,
     *,
     sdpa_semantics: bool = False,
+    names: tuple[str, str, str] = ("q", "k", "v"),
 ) -> None:
     """Check q, k, v (and an optional mask) against the contract of
     ``torch.nn.functional.scaled_dot_product_attention``.
@@ -52,10 +53,14 @@ def check_attention_inputs(
     ``is_causal`` on CPU tensors (both apply), where torch 2.13's SDPA takes it too (its
     CPU flash backend; on CUDA and in its math backend it raises).
 
+    ``names`` are the caller's parameter names for q, k and v, which the messages use
+    (`flashlab.attention` takes SDPA's ``query``, ``key``, ``value``).
+
     Raises:
         ValueError: naming the offending argument, the reason and the fix.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    Q, K, V = names                      # the caller's parameter names, so the message names what was passed
+    for name, t in ((Q, q), (K, k), (V, v)):
         if not isinstance(t, torch.Tensor):
             _fail(name, f"expected a torch.Tensor, got {type(t).__name__}",
                   "Pass a tensor of shape (..., N, D).")
@@ -65,22 +70,22 @@ def check_attention_inputs(
                   "(rows of every sequence with cu_seqlens), or pad them and pass an attn_mask.")
         if t.dim() < 2:
             _fail(name, f"expected at least 2 dimensions (..., N, D), got shape {tuple(t.shape)}",
-                  "Add the sequence dimension, e.g. t.unsqueeze(0).")
+                  f"Add the sequence dimension, e.g. {name}.unsqueeze(0).")
         if t.dtype not in dtypes:
             _fail(name, f"dtype {t.dtype} is not supported here",
                   f"Use one of {', '.join(str(d) for d in dtypes)}, e.g. {name}.to(torch.float32).")
     if not (q.dim() == k.dim() == v.dim()):
-        _fail("k", f"q, k and v must have the same rank, got q {tuple(q.shape)}, "
-              f"k {tuple(k.shape)}, v {tuple(v.shape)}",
+        _fail(K, f"{Q}, {K} and {V} must have the same rank, got {Q} {tuple(q.shape)}, "
+              f"{K} {tuple(k.shape)}, {V} {tuple(v.shape)}",
               "Give all three the layout (batch, heads, N, D).")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        bad = "k" if k.dtype != q.dtype else "v"
-        _fail(bad, f"dtype {(k if bad == 'k' else v).dtype} differs from q's {q.dtype}",
-              f"Cast all three to one dtype, e.g. {bad}.to(q.dtype).")
+        bad, t = (K, k) if k.dtype != q.dtype else (V, v)
+        _fail(bad, f"dtype {t.dtype} differs from {Q}'s {q.dtype}",
+              f"Cast all three to one dtype, e.g. {bad}.to({Q}.dtype).")
     if k.device != q.device or v.device != q.device:
-        bad = "k" if k.device != q.device else "v"
-        _fail(bad, f"is on {(k if bad == 'k' else v).device} but q is on {q.device}",
-              f"Move all three to one device, e.g. {bad}.to(q.device).")
+        bad, t = (K, k) if k.device != q.device else (V, v)
+        _fail(bad, f"is on {t.device} but {Q} is on {q.device}",
+              f"Move all three to one device, e.g. {bad}.to({Q}.device).")
 
     def batch_ok(t):   # dimensions before the heads: equal, or (SDPA) broadcasting to q's
         if t.shape[:-3] == q.shape[:-3]:
@@ -95,18 +100,17 @@ def check_attention_inputs(
     if q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and batch_ok(k) and heads_ok:
         pass  # with enable_gqa, each k/v head serves q.shape[-3] // k.shape[-3] q heads
     elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
-        bad = "k" if q.shape[:-2] != k.shape[:-2] else "v"
-        _fail(bad, f"leading (batch, head) dimensions {tuple((k if bad == 'k' else v).shape[:-2])} "
-              f"differ from q's {tuple(q.shape[:-2])}",
-              "q, k and v must share every dimension but the last two (with enable_gqa=True, "
-              "k and v may have a number of heads that divides q's).")
+        bad, t = (K, k) if q.shape[:-2] != k.shape[:-2] else (V, v)
+        _fail(bad, f"leading (batch, head) dimensions {tuple(t.shape[:-2])} differ from {Q}'s {tuple(q.shape[:-2])}",
+              f"{Q}, {K} and {V} must share every dimension but the last two (with enable_gqa=True, "
+              f"{K} and {V} may have a number of heads that divides {Q}'s).")
     if k.shape[-1] != q.shape[-1]:
-        _fail("k", f"head dimension {k.shape[-1]} differs from q's {q.shape[-1]}",
-              "q and k must have the same last dimension (they are multiplied together).")
+        _fail(K, f"head dimension {k.shape[-1]} differs from {Q}'s {q.shape[-1]}",
+              f"{Q} and {K} must have the same last dimension (they are multiplied together).")
     if v.shape[-2] != k.shape[-2]:
-        _fail("v", f"sequence length {v.shape[-2]} differs from k's {k.shape[-2]}",
-              "k and v must hold one row per key.")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+        _fail(V, f"sequence length {v.shape[-2]} differs from {K}'s {k.shape[-2]}",
+              f"{K} and {V} must hold one row per key.")
+    for name, t in ((Q, q), (K, k), (V, v)):
         if not sdpa_semantics and (t.shape[-2] == 0 or t.shape[-1] == 0):
             _fail(name, f"has an empty dimension, shape {tuple(t.shape)}",
                   "Sequence length and head dimension must be at least 1.")
@@ -126,11 +130,11 @@ def check_attention_inputs(
             _fail("attn_mask", f"expected a torch.Tensor or None, got {type(attn_mask).__name__}",
                   "Pass a boolean (True = take part) or float (added to scores) tensor.")
         if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
-            _fail("attn_mask", f"dtype {attn_mask.dtype} is neither bool nor q's dtype {q.dtype}",
+            _fail("attn_mask", f"dtype {attn_mask.dtype} is neither bool nor {Q}'s dtype {q.dtype}",
                   f"Use a boolean mask or attn_mask.to({q.dtype}).")
         if attn_mask.device != q.device:
-            _fail("attn_mask", f"is on {attn_mask.device} but q is on {q.device}",
-                  "Move it with attn_mask.to(q.device).")
+            _fail("attn_mask", f"is on {attn_mask.device} but {Q} is on {q.device}",
+                  f"Move it with attn_mask.to({Q}.device).")
         target = (*q.shape[:-2], q.shape[-2], k.shape[-2])
         try:
             shape = torch.broadcast_shapes(attn_mask.shape, target)

@@ -12,6 +12,7 @@ the model or the task and must equal the checkpoint's (`resume_mismatches`), "fr
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from dataclasses import field
@@ -25,6 +26,15 @@ class ConfigError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.reason = message
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage block) that points to --help: every
+    flashlab command (``python -m flashlab …``) parses with it."""
+
+    def error(self, message):
+        message = message.removeprefix("argument ")                  # "--lr: …", like every other error
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def option(default, help: str, *, choices=None, low=None, high=None, low_open: bool = False,

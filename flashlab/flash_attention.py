@@ -69,7 +69,8 @@ def _count_interpreted(tiles: int, stacklevel: int = 3) -> None:
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     if not isinstance(is_causal, bool):                 # 'yes' or None would otherwise read as truthy or falsy
         raise TypeError(f"is_causal: {is_causal!r} is not a bool. Pass True (query i sees keys 0..i) or False.")
-    check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True)
+    check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True,
+                           names=("query", "key", "value"))
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")

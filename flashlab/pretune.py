@@ -19,6 +19,7 @@ from datetime import date
 import torch
 
 from . import autotune, autotune_cache
+from .config import OneLineErrorParser
 from .flash_attention import attention
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -81,16 +82,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-class _OneLineErrors(argparse.ArgumentParser):
-    """A usage error in one line that points to --help, as every other flashlab command says it."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
-
-
 def tune_main(argv=None) -> int:
     """``python -m flashlab tune``: pre-tune a list of shapes on this machine's GPU."""
-    parser = _OneLineErrors(prog="python -m flashlab tune", description=(
+    parser = OneLineErrorParser(prog="python -m flashlab tune", description=(
         "Tune flashlab's attention kernels for these shapes now, so that training does not pay for "
         "it on its first steps. Decisions go to the autotuner's cache (FLASHLAB_AUTOTUNE_CACHE, "
         "default ~/.cache/flashlab/autotune.json) that every later process reads."))

@@ -170,11 +170,11 @@ def test_drop_in_for_sdpa_in_a_module():
 @pytest.mark.parametrize("kwargs,argument", [
     ({"dropout_p": 1.0}, "dropout_p"),
     ({"dropout_p": -0.1}, "dropout_p"),
-    ({"k": torch.randn(1, 3, 8, 16)}, "k"),                         # heads differ without GQA
-    ({"k": torch.randn(1, 2, 8, 8)}, "k"),                          # q·k head dims differ
+    ({"k": torch.randn(1, 3, 8, 16)}, "key"),                       # heads differ without GQA
+    ({"k": torch.randn(1, 2, 8, 8)}, "key"),                        # q·k head dims differ
     ({"attn_mask": torch.ones(3, 9, dtype=torch.bool)}, "attn_mask"),
-    ({"v": torch.randn(1, 2, 9, 16)}, "v"),                         # one value row per key
-    ({"k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)}, "k"),   # batch 3 vs q's 1
+    ({"v": torch.randn(1, 2, 9, 16)}, "value"),                     # one value row per key
+    ({"k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)}, "key"),   # batch 3 vs q's 1
     ({"scale": float("nan")}, "scale"),                            # any finite scale is SDPA's (0 too)
     ({"scale": "0.5"}, "scale"),
     ({"window": (-2, 0)}, "window"),
@@ -188,7 +188,7 @@ def test_clear_errors(kwargs, argument):
     args = {"q": torch.randn(1, 2, 8, 16), "k": torch.randn(1, 2, 8, 16), "v": torch.randn(1, 2, 8, 16)}
     args.update(kwargs)
     args = {name: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for name, t in args.items()}
-    with pytest.raises(ValueError, match=rf"^{argument}:"):     # errors call query, key, value q, k, v
+    with pytest.raises(ValueError, match=rf"^{argument}:"):     # errors name SDPA's parameters: query, key, value
         attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
