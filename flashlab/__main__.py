@@ -569,9 +569,9 @@ def main(argv=None) -> int:
         print(f"{prog}: error: {' '.join(_one_line(command, exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:       # Ctrl-C or SIGTERM: a training run stops between steps, and says so
-        from .train import TrainingInterrupted
+        from .train import StoppedAtOnce, TrainingInterrupted
 
-        if isinstance(exc, TrainingInterrupted):
+        if isinstance(exc, (TrainingInterrupted, StoppedAtOnce)):
             print(f"{prog}: {exc}", file=sys.stderr)
             return 128 + getattr(signal.Signals, exc.signal_name).value
         print(f"{prog}: interrupted", file=sys.stderr)

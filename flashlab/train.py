@@ -202,12 +202,23 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(f"stopped by {signal_name} after step {step}: {where}")
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """Raised inside `Trainer.fit` by a second SIGINT or SIGTERM while the first one waited for the
+    step to end: the step is cut where it was and nothing is saved (a later ``--resume`` starts from
+    the last checkpoint written before)."""
+
+    def __init__(self, signal_name: str):
+        self.signal_name = signal_name
+        super().__init__(f"stopped at once by a second {signal_name}, mid-step: nothing saved since the last "
+                         "checkpoint")
+
+
 @contextlib.contextmanager
 def _stop_between_steps(enabled: bool):
     """While `fit` runs: the first SIGINT or SIGTERM asks the loop to stop after the step it is
     in (a step cut in half leaves the model and optimizer half-updated, nothing to save); a second
-    SIGINT interrupts at once. Yields the list the handler appends the signal to. Only in one
-    process's main thread: Python handles signals there alone, and ranks of a distributed run
+    one, of either kind, interrupts at once (`StoppedAtOnce`). Yields the list the handler appends
+    the signal to. Only in one process's main thread: Python handles signals there alone, and ranks of a distributed run
     would stop at different steps and wait for each other forever."""
     requested: list[int] = []
     if not enabled:
@@ -215,11 +226,11 @@ def _stop_between_steps(enabled: bool):
         return
 
     def handler(signum, frame):
-        if requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not requested:           # said at once: the step (or an epoch's baseline rollout) may take a while
-            print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
-                  "(a second Ctrl-C, SIGINT, stops at once without saving)", file=sys.stderr, flush=True)
+        if requested:               # asked twice: whoever sent it does not want to wait for the step
+            raise StoppedAtOnce(signal.Signals(signum).name)
+        # said at once: the step (or an epoch's baseline rollout) may take a while
+        print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
+              "(a second Ctrl-C or SIGTERM stops at once without saving)", file=sys.stderr, flush=True)
         requested.append(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

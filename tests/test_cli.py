@@ -308,6 +308,31 @@ def test_a_stopped_tsp_run_exports_its_policy_and_a_spent_time_limit_is_said(tmp
     assert "resume: the time limit is reached already" in capsys.readouterr().out
 
 
+def test_a_second_sigterm_stops_the_step_at_once_without_saving(tmp_path, capsys, monkeypatch):
+    """A first SIGTERM waits for the step; a second one (an impatient `kill`, a scheduler's reminder)
+    cuts it where it is: exit 128 + 15, said in one line, and no checkpoint of a half-done step."""
+    import os
+    import signal
+
+    from flashlab.tsp_train import TSPTrainer
+    original, steps_after_the_second = TSPTrainer.on_step_end, []
+
+    def signal_twice(self, metrics):       # both inside step 2, before the loop looks at the first
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            steps_after_the_second.append(self.step)      # not reached: the second signal raised
+        original(self, metrics)
+    monkeypatch.setattr(TSPTrainer, "on_step_end", signal_twice)
+    out = tmp_path / "tsp"
+    code, captured = _run([*TINY_TSP, "--steps", "50", "--out-dir", str(out)], capsys)
+    assert code == 128 + signal.SIGTERM.value and steps_after_the_second == [], captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("SIGTERM: stopping after the current step"), captured.err
+    assert "stopped at once by a second SIGTERM, mid-step: nothing saved" in lines[1]
+    assert not (out / "checkpoint_last.pt").exists() and not (out / "am_tsp5.pt").exists()
+
+
 def test_tune_is_listed_with_the_commands():
     choices = build_parser()._subparsers._group_actions[0].choices
     assert "tune" in choices and "train-tsp" in choices
