@@ -281,6 +281,12 @@ elif [ "$phase" = tiles ]; then
   mkdir -p "$out/d32_d64"
   timeout 150 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
     --choice-n 100 50 20 --budget-s 120 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
+elif [ "$phase" = tiles-d16 ]; then
+  # 2026-12-05 (fifth session): tiles without the D = 32/64 choices, for a budget that refusals ate into
+  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
+    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
+  timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
+    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
   rl4co_step 420
 elif [ "$phase" = rl4co-and-suite ]; then
