@@ -144,7 +144,16 @@ def _interpreter_tiles(q, k, band) -> int:
 def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None):
     """The PyTorch path (any dtype, any size): tiled when no mask, dropout or window is involved
     (O(N) memory), else the einsum version (an Nq × Nk tensor per head). k and v already have
-    q's heads. Dropout draws its mask with torch.nn.functional.dropout."""
+    q's heads. Dropout draws its mask with torch.nn.functional.dropout. Half-precision inputs are
+    computed in float32 and the output rounded once, as the kernels (float32 accumulators) and
+    SDPA's CPU backends do: in fp16, scores plus a mask of −65504 (``finfo(float16).min``) would
+    round away the scores, and bf16 softmax sums lose about twice the accuracy."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.float()
+        with torch.autocast(q.device.type, enabled=False):          # autocast would round the matmuls again
+            out = _pytorch_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale, window)
+        return out.to(q.dtype)
     if (attn_mask is None and dropout_p == 0 and window is None and q.numel() and k.shape[-2] and q.shape[-1]
             and v.shape[-1]):
         return tiled_attention_unchecked(q, k, v, is_causal, scale, PYTORCH_BLOCK, PYTORCH_BLOCK)

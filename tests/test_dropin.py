@@ -18,6 +18,7 @@ import flashlab
 from flashlab import assert_close, ops
 from flashlab.flash_attention import attention, input_precision
 from flashlab.layouts import output_like
+from flashlab.reference import rel_error
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -415,6 +416,34 @@ def test_long_cpu_calls_take_the_pytorch_path(monkeypatch):
     q, k, v = (torch.randn(1, 2, 70, 16, requires_grad=True) for _ in range(3))
     _sdpa_check(q, k, v, is_causal=True)
     _sdpa_check(q, k, v, attn_mask=torch.rand(70, 70) > 0.2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_pytorch_path_computes_half_inputs_in_float32(dtype, monkeypatch):
+    """The PyTorch path (FLASHLAB_CPU_KERNELS=0, or past the interpreter's tile limit) gives half
+    inputs float32 arithmetic, as the kernels and SDPA's CPU backends do. In fp16, scores plus a mask
+    of finfo(float16).min (−65504, transformers' padding value) rounded the scores away (a row masked
+    everywhere came out 1.4 from SDPA's average of V), and half-precision softmax doubled the error of
+    the other rows. Against float64: within 1.25× SDPA's own error, row by row, and under autocast."""
+    monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    _no_kernels(monkeypatch)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 37, 16, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(2, 1, 37, 37, dtype=dtype)
+    mask[:, :, 5, :] = torch.finfo(dtype).min                     # a padded query row: every key masked
+    mask[:, :, :, 30:] = torch.finfo(dtype).min                   # padded keys
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ours = attention(q, k, v, attn_mask=mask)
+    for row in (5, slice(None)):
+        sdpa_error = rel_error(sdpa[..., row, :], exact[..., row, :])
+        assert rel_error(ours[..., row, :], exact[..., row, :]) <= 1.25 * sdpa_error + 1e-6, row
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    with torch.autocast("cpu", dtype=dtype):
+        ours = attention(q32, k32, v32, is_causal=True)
+        sdpa = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert ours.dtype == dtype and rel_error(ours, exact) <= 1.25 * rel_error(sdpa, exact)
 
 
 def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
