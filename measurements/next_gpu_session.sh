@@ -287,6 +287,13 @@ elif [ "$phase" = tiles-d16 ]; then
     > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
   timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
     --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+elif [ "$phase" = tiles-min ]; then
+  # the least that answers the encoder target: the packed form's GPU tests, the encoder step (no choices,
+  # so no 'fastest launches' variant)
+  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
+    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
+  timeout 170 python -m measurements.small_graphs "$out" --sections encoder_tiles --tsp-nodes 100 50 20 \
+    --budget-s 140 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
   rl4co_step 420
 elif [ "$phase" = rl4co-and-suite ]; then
