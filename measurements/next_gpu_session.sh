@@ -95,6 +95,9 @@
 # output: no stack of three gradients and no reshape copy of it per layer (two passes over 3·B·N·H·D elements).
 # tiles checks it on the GPU first and times the encoder step with it and with the three views. Next, in order:
 # tiles, tsp100-finish, rl4co-and-suite (above).
+# 2026-12-05 (fifth session): H200s refused again, hour after hour (about 70 s of budget per refusal). For a budget
+# that refusals have eaten into: tiles-d16 (tiles without the D = 32/64 choices, ~6.5 min), tiles-min (the packed
+# form's GPU tests and the encoder step alone, ~4 min).
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
