@@ -526,7 +526,7 @@ COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="python -m flashlab", description=__doc__, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     parser.subcommands = commands.choices           # name or alias -> its parser
     # listed for --help and "invalid choice"; main() hands `tune` its arguments before this parser runs
