@@ -141,21 +141,24 @@ def _interpreter_tiles(q, k, band) -> int:
     return batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
 
 
-def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None):
+def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None, plain=False):
     """The PyTorch path (any dtype, any size): tiled when no mask, dropout or window is involved
-    (O(N) memory), else the einsum version (an Nq × Nk tensor per head). k and v already have
-    q's heads. Dropout draws its mask with torch.nn.functional.dropout. Half-precision inputs are
-    computed in float32 and the output rounded once, as the kernels (float32 accumulators) and
-    SDPA's CPU backends do: in fp16, scores plus a mask of −65504 (``finfo(float16).min``) would
-    round away the scores, and bf16 softmax sums lose about twice the accuracy."""
+    (O(N) memory), else the einsum version (an Nq × Nk tensor per head); always the einsum
+    version with ``plain`` (inside torch.func transforms and traces: its plain operations are
+    what every transform understands). k and v already have q's heads. Dropout draws its mask
+    with torch.nn.functional.dropout. Half-precision inputs are computed in float32 and the
+    output rounded once, as the kernels (float32 accumulators) and SDPA's CPU backends do: in
+    fp16, scores plus a mask of −65504 (``finfo(float16).min``) would round away the scores,
+    and bf16 softmax sums lose about twice the accuracy."""
     if q.dtype in (torch.float16, torch.bfloat16):
         if attn_mask is not None and attn_mask.is_floating_point():
             attn_mask = attn_mask.float()
         with torch.autocast(q.device.type, enabled=False):          # autocast would round the matmuls again
-            out = _pytorch_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale, window)
+            out = _pytorch_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale, window,
+                                     plain)
         return out.to(q.dtype)
-    if (attn_mask is None and dropout_p == 0 and window is None and q.numel() and k.shape[-2] and q.shape[-1]
-            and v.shape[-1]):
+    if (not plain and attn_mask is None and dropout_p == 0 and window is None and q.numel() and k.shape[-2]
+            and q.shape[-1] and v.shape[-1]):
         return tiled_attention_unchecked(q, k, v, is_causal, scale, PYTORCH_BLOCK, PYTORCH_BLOCK)
     return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
 
@@ -257,9 +260,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        if plan.transformed:              # torch.func: plain operations only
-            return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
-        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window)
+        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=plan.transformed)
 
     q4, k4, v4, mask4 = q, k, v, attn_mask
     if plan.reshape:

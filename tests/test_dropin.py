@@ -424,7 +424,8 @@ def test_the_pytorch_path_computes_half_inputs_in_float32(dtype, monkeypatch):
     inputs float32 arithmetic, as the kernels and SDPA's CPU backends do. In fp16, scores plus a mask
     of finfo(float16).min (−65504, transformers' padding value) rounded the scores away (a row masked
     everywhere came out 1.4 from SDPA's average of V), and half-precision softmax doubled the error of
-    the other rows. Against float64: within 1.25× SDPA's own error, row by row, and under autocast."""
+    the other rows. Against float64: within 1.25× SDPA's own error, row by row, under autocast and
+    under vmap."""
     monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
     _no_kernels(monkeypatch)
     torch.manual_seed(0)
@@ -444,6 +445,11 @@ def test_the_pytorch_path_computes_half_inputs_in_float32(dtype, monkeypatch):
         sdpa = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
     exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     assert ours.dtype == dtype and rel_error(ours, exact) <= 1.25 * rel_error(sdpa, exact)
+    # inside torch.func transforms (the einsum version) too
+    ours = torch.func.vmap(lambda *qkv: attention(*qkv, attn_mask=mask[0]))(q, k, v)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double())
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert ours.dtype == dtype and rel_error(ours, exact) <= 1.25 * rel_error(sdpa, exact) + 1e-6
 
 
 def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
