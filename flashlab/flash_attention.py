@@ -229,7 +229,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
       call there (read per call): a model's CPU tests then run at PyTorch's speed instead of
       the interpreter's, hundreds of times slower, without exercising the kernels.
     - float64, D > 256, empty inputs, no Triton installed, other devices: the PyTorch path
-      (`tiled_attention`; `naive_attention` when a mask, dropout or a window is involved).
+      (`tiled_attention`; `naive_attention` when a mask, dropout or a window is involved),
+      fp16/bf16 computed in float32 there too, as the kernels accumulate.
 
     The kernels are the custom ops of `flashlab.ops`, so ``torch.compile(fullgraph=True)`` and
     ``torch.export`` capture a call as one node.

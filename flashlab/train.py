@@ -218,8 +218,8 @@ def _stop_between_steps(enabled: bool):
     """While `fit` runs: the first SIGINT or SIGTERM asks the loop to stop after the step it is
     in (a step cut in half leaves the model and optimizer half-updated, nothing to save); a second
     one, of either kind, interrupts at once (`StoppedAtOnce`). Yields the list the handler appends
-    the signal to. Only in one process's main thread: Python handles signals there alone, and ranks of a distributed run
-    would stop at different steps and wait for each other forever."""
+    the signal to. Only in one process's main thread: Python handles signals there alone, and
+    ranks of a distributed run would stop at different steps and wait for each other forever."""
     requested: list[int] = []
     if not enabled:
         yield requested

@@ -115,6 +115,14 @@ small_path_suite() {   # the small path's tests, which run on the GPU whatever t
     tests/test_qkvpacked.py -rf \
     --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
 }
+qkvpacked_gpu_tests() {   # flashlab.attention_qkvpacked's tests on the GPU (70 s)
+  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
+    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
+}
+d16_choices_and_encoder() {   # the small kernels' launch choices at D = 16, then the encoder step (300 s)
+  timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
+    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+}
 if [ "$phase" = rl4co-wheels ]; then
   mkdir -p .whl
   for p in rl4co==0.7.0 torchrl==0.12.0 tensordict==0.12.4 hydra-core==1.3.8 omegaconf==2.3.0 colorlog==6.12.0 \
@@ -277,24 +285,19 @@ elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
   # then times it beside the three views
-  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
-    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
-  timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
-    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  qkvpacked_gpu_tests
+  d16_choices_and_encoder
   mkdir -p "$out/d32_d64"
   timeout 150 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
     --choice-n 100 50 20 --budget-s 120 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
 elif [ "$phase" = tiles-d16 ]; then
   # 2026-12-05 (fifth session): tiles without the D = 32/64 choices, for a budget that refusals ate into
-  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
-    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
-  timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
-    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  qkvpacked_gpu_tests
+  d16_choices_and_encoder
 elif [ "$phase" = tiles-min ]; then
   # the least that answers the encoder target: the packed form's GPU tests, the encoder step (no choices,
   # so no 'fastest launches' variant)
-  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
-    > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
+  qkvpacked_gpu_tests
   timeout 170 python -m measurements.small_graphs "$out" --sections encoder_tiles --tsp-nodes 100 50 20 \
     --budget-s 140 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
