@@ -348,7 +348,8 @@ def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
     """A CPU call: whether the kernels run (in Triton's interpreter) rather than `decode_by_sequence`,
     by the rule of `flashlab.attention`: ``FLASHLAB_CPU_KERNELS`` unset or 1, and at most
     ``INTERPRETER_MAX_TILES`` tiles of 32 stacked query rows × 32 keys of the cache's capacity."""
-    from .flash_attention import INTERPRETER_BLOCK, interpreted_tiles_allowed
+    from .flash_attention import interpreted_tiles_allowed
+    from .interpreter_notice import INTERPRETER_BLOCK
     batch, seqlen_q, heads, _ = q.shape
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     heads_k = k_cache.shape[2]

@@ -5,8 +5,6 @@ again."""
 
 from __future__ import annotations
 
-import math
-import warnings
 from typing import NamedTuple
 
 import torch
@@ -15,6 +13,7 @@ from torch import nn
 
 from . import ops, runtime
 from .checks import check_attention_inputs, check_window, default_scale
+from .interpreter_notice import InterpreterWarning, count_interpreted, interpreter_tiles  # noqa: F401
 from .layouts import unpack_qkv
 from .naive import naive_attention_unchecked, window_band
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
@@ -27,19 +26,7 @@ from .tiled import tiled_attention_unchecked
 # about 17 hours; the PyTorch path (512 × 512 tiles) about 10× SDPA's time (N = 4,096, causal,
 # D = 64: 1.2 s against SDPA's 0.13 s on the course's shared CPU).
 INTERPRETER_MAX_TILES = 1024
-INTERPRETER_BLOCK = 32          # autotune.INTERPRETER's tile
 PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations, O(N·512) memory
-
-# Someone who did not come to read the kernels (a model's CPU run, a client library such as RL4CO
-# with `sdpa_fn=flashlab.attention`) should learn why each call takes seconds, and what to switch:
-# after this many interpreted tiles in one process, one warning says so. Each of the course's
-# notebooks interprets at most 760; RL4CO's TSP20 policy, batch 64, passes it in its fourth call.
-INTERPRETER_NOTICE_TILES = 2048
-_interpreted_tiles = 0           # forward tiles this process has given the interpreter so far
-
-
-class InterpreterWarning(UserWarning):
-    """flashlab.attention has run many tiles in Triton's interpreter on a CPU (said once a process)."""
 
 
 def interpreted_tiles_allowed(tiles: int) -> bool:
@@ -48,22 +35,8 @@ def interpreted_tiles_allowed(tiles: int) -> bool:
     `_cpu_tile_limit`. `decode_attention` and `varlen_attention` ask it too."""
     if tiles > _cpu_tile_limit():
         return False
-    _count_interpreted(tiles, stacklevel=4)
+    count_interpreted(tiles, stacklevel=4)
     return True
-
-
-def _count_interpreted(tiles: int, stacklevel: int = 3) -> None:
-    global _interpreted_tiles
-    if type(tiles) is not int:          # a symbolic count (torch.export with dynamic shapes) is no call run:
-        return                          # kept, it would outlive the trace and break the next one
-    before, _interpreted_tiles = _interpreted_tiles, _interpreted_tiles + tiles
-    if before < INTERPRETER_NOTICE_TILES <= _interpreted_tiles:
-        warnings.warn(
-            f"flashlab.attention has now run {_interpreted_tiles:,} tiles of its Triton kernels in Triton's "
-            "interpreter on the CPU, milliseconds of Python each: hundreds of times slower than SDPA on the same "
-            "CPU. That is how the course shows the kernels without a GPU; to run a model on a CPU at PyTorch's "
-            "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding). Said once.",
-            InterpreterWarning, stacklevel=stacklevel)
 
 
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
@@ -92,22 +65,6 @@ def _cpu_tile_limit() -> int:
     return INTERPRETER_MAX_TILES if runtime.cpu_kernels_enabled() else 0
 
 
-def _band_tiles(n_q: int, n_k: int, block: int, band) -> int:
-    """(query block, key block) tiles a call visits per head: all of them, or with a window
-    (`window_band`) those its band touches, as the kernels' loops bound them."""
-    n_blocks_k = math.ceil(n_k / block)
-    if band is None:
-        return math.ceil(n_q / block) * n_blocks_k
-    band_lo, band_hi = band
-    if band_lo > band_hi:
-        return 0
-    tiles = 0
-    for first in range(0, n_q, block):
-        key_first, key_end = max(0, first + band_lo), min(n_k, min(first + block, n_q) - 1 + band_hi + 1)
-        tiles += max(0, math.ceil(key_end / block) - key_first // block) if key_first < key_end else 0
-    return tiles
-
-
 def _heads(t: torch.Tensor) -> int:
     return t.shape[-3] if t.dim() >= 3 else 1
 
@@ -131,14 +88,8 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     if dropout_p > 0 and q.shape[-2] * k.shape[-2] >= 2**31:
         return False                                  # the kernels' RNG counter is int32
     if q.device.type == "cpu":
-        return _interpreter_tiles(q, k, band) <= _cpu_tile_limit()
+        return interpreter_tiles(q, k, band) <= _cpu_tile_limit()
     return True
-
-
-def _interpreter_tiles(q, k, band) -> int:
-    """32 × 32 tiles the interpreted forward visits, all heads of all batch elements."""
-    batch_heads = q.numel() // (q.shape[-2] * q.shape[-1])
-    return batch_heads * _band_tiles(q.shape[-2], k.shape[-2], INTERPRETER_BLOCK, band)
 
 
 def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None, plain=False):
@@ -252,8 +203,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
-    if plan.cpu_tiles:
-        _count_interpreted(plan.cpu_tiles)
+    if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
+        count_interpreted(plan.cpu_tiles)
     if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
         k = k.expand(*q.shape[:-3], *k.shape[-3:])
         v = v.expand(*q.shape[:-3], *v.shape[-3:])
@@ -343,8 +294,8 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     if not plan.kernels:
         return attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                          exact_fp32=exact_fp32).transpose(1, 2).contiguous()     # the layout the kernels give
-    if plan.cpu_tiles:
-        _count_interpreted(plan.cpu_tiles)
+    if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
+        count_interpreted(plan.cpu_tiles)
     seed = ops.draw_seed() if plan.dropout_p > 0 else None
     precision = plan.precision or input_precision(qkv.dtype, qkv.device, exact_fp32)
     wants_grad = torch.is_grad_enabled() and qkv.requires_grad
@@ -427,7 +378,7 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
                  small=small, transformed=transformed, window=window,
-                 cpu_tiles=_interpreter_tiles(q, k, band) if kernels and q.device.type == "cpu" else 0)
+                 cpu_tiles=interpreter_tiles(q, k, band) if kernels and q.device.type == "cpu" else 0)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()

@@ -35,7 +35,9 @@ import torch
 from torch import Tensor
 
 from .first_order import first_order_only
+from .interpreter_notice import count_interpreted, interpreter_tiles
 from .layouts import output_like, unpack_qkv
+from .naive import window_band
 
 LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
 
@@ -96,8 +98,23 @@ def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, d
     return out, lse
 
 
-flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(
-    forward_kernels)
+def _count_traced_cpu_call(q: Tensor, k: Tensor, is_causal: bool, window: tuple[int, int]) -> None:
+    """A CPU call that reached the kernels through an op (a compiled or exported graph's, run now),
+    counted towards the interpreter's notice (`flashlab.interpreter_notice`); `flashlab.attention`
+    counts its eager calls itself, which never pass through here."""
+    if q.is_cpu:
+        count_interpreted(interpreter_tiles(q, k, window_band(window, is_causal, q.shape[-2], k.shape[-2])))
+
+
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                seed: Tensor | None, is_causal: bool, scale: float, input_precision: str,
+                window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+    _count_traced_cpu_call(q, k, is_causal, (window_left, window_right))
+    return forward_kernels(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left,
+                           window_right)
+
+
+flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(_forward_op)
 
 
 @flash_attention_forward.register_fake
@@ -230,8 +247,15 @@ def qkvpacked_forward_kernels(qkv: Tensor, dropout_p: float, seed: Tensor | None
     return forward_kernels(*unpack_qkv(qkv), None, dropout_p, seed, is_causal, scale, input_precision)
 
 
+def _qkvpacked_forward_op(qkv: Tensor, dropout_p: float, seed: Tensor | None, is_causal: bool, scale: float,
+                          input_precision: str) -> tuple[Tensor, Tensor]:
+    q, k, _ = unpack_qkv(qkv)
+    _count_traced_cpu_call(q, k, is_causal, (-1, -1))
+    return qkvpacked_forward_kernels(qkv, dropout_p, seed, is_causal, scale, input_precision)
+
+
 flash_attention_qkvpacked_forward = torch.library.custom_op("flashlab::flash_attention_qkvpacked_forward",
-                                                            mutates_args=())(qkvpacked_forward_kernels)
+                                                            mutates_args=())(_qkvpacked_forward_op)
 
 
 @flash_attention_qkvpacked_forward.register_fake

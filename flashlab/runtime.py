@@ -78,7 +78,11 @@ class _Twin:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            with _helpers_interpreted():
+            import numpy
+            # Overflow to ±inf is IEEE arithmetic the kernels rely on (a float mask of
+            # finfo(float32).min times log2(e) in base-2 scores is −inf, a key never attended),
+            # silent on a GPU; numpy, which the interpreter computes with, would warn about it.
+            with _helpers_interpreted(), numpy.errstate(over="ignore"):
                 return _interpreted(self.kernel, refresh=True)[grid](*args, **kwargs)
         return launch
 

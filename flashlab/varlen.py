@@ -238,7 +238,8 @@ def _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k) -> bool:
     """A CPU call: whether the kernels run (in Triton's interpreter) rather than `varlen_by_sequence`,
     by the rule of `flashlab.attention`: ``FLASHLAB_CPU_KERNELS`` unset or 1, and at most
     ``INTERPRETER_MAX_TILES`` 32 × 32 tiles over every sequence and head (windows not counted off)."""
-    from .flash_attention import INTERPRETER_BLOCK, interpreted_tiles_allowed
+    from .flash_attention import interpreted_tiles_allowed
+    from .interpreter_notice import INTERPRETER_BLOCK
     lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
     tiles = q.shape[1] * sum(_cdiv(a, INTERPRETER_BLOCK) * _cdiv(b, INTERPRETER_BLOCK)
                              for a, b in zip(lengths_q, lengths_k))

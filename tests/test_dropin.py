@@ -115,6 +115,38 @@ def test_compile_fullgraph_matches_eager():
         assert torch.allclose(p.grad, g, rtol=0, atol=1e-6)
 
 
+@pytest.mark.skipif(CUDA, reason="the CPU's interpreted-tile count")
+def test_a_compiled_cpu_call_compiles_once_and_is_counted_when_it_runs(monkeypatch):
+    """The process's count of interpreted tiles (for InterpreterWarning) is state outside the graph.
+    Traced, it was read and written in the graph, which Dynamo then guarded on its value: every
+    call recompiled, the ninth fell back to eager (fullgraph=True raised). Now a compiled call,
+    packed or not, any N, compiles once per shape and is counted by its op when it runs, so a
+    compiled CPU model is told too."""
+    from torch._dynamo.utils import counters
+
+    from flashlab import interpreter_notice as notice
+    monkeypatch.setattr(notice, "_interpreted_tiles", 0)
+    monkeypatch.setattr(notice, "INTERPRETER_NOTICE_TILES", 100)
+
+    def layer(q, k, v, qkv):
+        return attention(q, k, v, is_causal=True), flashlab.attention_qkvpacked(qkv)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))     # 2 heads × 2 × 2 tiles of 32 = 8 a call
+    qkv = torch.randn(1, 20, 3, 2, 16)                           # 2 heads × 1 tile = 2 a call
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(10):
+            compiled(q, k, v, qkv)
+    assert counters["stats"]["unique_graphs"] == 1, "recompiled with the same shapes"
+    assert notice._interpreted_tiles == 10 * (8 + 2)
+    assert sum(issubclass(w.category, flashlab.InterpreterWarning) for w in caught) == 1
+    want = layer(q, k, v, qkv)
+    got = compiled(q, k, v, qkv)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_window_under_compile_and_export():
     """attention(window=…) is one custom-op node under torch.compile(fullgraph) and torch.export,
     the window carried as the op's two int arguments; outputs and gradients equal eager's."""
@@ -469,13 +501,35 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
     assert calls == [1], "with the switch unset the kernels run again"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_finfo_min_padding_mask_warns_nothing(dtype):
+    """Padding keys masked with finfo(dtype).min (transformers' value; T5 and BERT pass it) overflow
+    to −inf in the kernels' base-2 scores, as intended and silently on a GPU. In the interpreter
+    numpy warned "overflow encountered in multiply", and under warnings-as-errors (pytest -W
+    error) the interpreter raised InterpreterError. Results equal SDPA's, forward and backward."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 20, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 20, dtype=dtype)
+    mask[0, ..., 15:] = torch.finfo(dtype).min
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = attention(q, k, v, attn_mask=mask)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), attn_mask=mask.double())
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_error(out, want) < tolerance
+    for got, ref in zip(grads, want_grads):
+        assert rel_error(got, ref) < tolerance
+
+
 def test_many_interpreted_tiles_say_once_how_to_switch(monkeypatch):
     """A CPU process that gives the interpreter many tiles (a model trained on a CPU, a client
     library's tests) is told once, at the caller's line, that FLASHLAB_CPU_KERNELS=0 runs it at
     PyTorch's speed; a process that switched is not counted."""
-    from flashlab import flash_attention as fa
-    monkeypatch.setattr(fa, "_interpreted_tiles", 0)
-    monkeypatch.setattr(fa, "INTERPRETER_NOTICE_TILES", 30)
+    from flashlab import interpreter_notice as notice
+    monkeypatch.setattr(notice, "_interpreted_tiles", 0)
+    monkeypatch.setattr(notice, "INTERPRETER_NOTICE_TILES", 30)
     q, k, v = (torch.randn(1, 2, 70, 16) for _ in range(3))      # 2 heads × 3 × 3 tiles of 32 = 18 a call
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -483,16 +537,16 @@ def test_many_interpreted_tiles_say_once_how_to_switch(monkeypatch):
         attention(q, k, v)                                     # 36: passes 30, said
         attention(q, k, v)                                     # said once only
     notices = [w for w in caught if issubclass(w.category, flashlab.InterpreterWarning)]
-    assert len(notices) == 1 and fa._interpreted_tiles == 54
+    assert len(notices) == 1 and notice._interpreted_tiles == 54
     assert "FLASHLAB_CPU_KERNELS=0" in str(notices[0].message) and "36 tiles" in str(notices[0].message)
     assert notices[0].filename == __file__, "points at the caller's line, not flashlab's"
-    monkeypatch.setattr(fa, "_interpreted_tiles", 0)
+    monkeypatch.setattr(notice, "_interpreted_tiles", 0)
     monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(3):
             attention(q, k, v)
-    assert fa._interpreted_tiles == 0
+    assert notice._interpreted_tiles == 0
 
 
 def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():

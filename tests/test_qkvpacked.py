@@ -305,14 +305,14 @@ def test_exact_fp32_must_be_a_bool():
 def test_an_export_with_dynamic_shapes_leaves_no_symbolic_state_behind():
     """The process-wide count of interpreted tiles (for InterpreterWarning) once kept the symbolic
     count a dynamic-shape export traced, and the next static export failed on it."""
-    import flashlab.flash_attention
+    import flashlab.interpreter_notice
 
     class Layer(torch.nn.Module):
         def forward(self, qkv):
             return attention_qkvpacked(qkv, is_causal=True)
     qkv = torch.randn(2, 20, 3, 2, 16)
     torch.export.export(Layer(), (qkv,), dynamic_shapes=({0: torch.export.Dim("B", max=4)},))
-    assert type(flashlab.flash_attention._interpreted_tiles) is int
+    assert type(flashlab.interpreter_notice._interpreted_tiles) is int
     exported = torch.export.export(Layer(), (qkv,))
     assert torch.equal(exported.module()(qkv), Layer()(qkv))
 
