@@ -147,9 +147,35 @@ def _existing_file(option: str, path) -> None:
         raise UsageError(f"{option}: {path} does not exist or is not a file; give the path of a checkpoint (.pt).")
 
 
-# ---------------------------------------------------------------- bench-softmax
+# ---------------------------------------------------------------- bench-softmax, bench
+# The benchmarks' sizes are a GPU's. Without one, Triton's interpreter runs the kernels, hundreds of
+# times slower than compiled: bench's GPU sizes would take hours there, bench-softmax's minutes. So
+# on a CPU the sizes not given on the command line are small ones (bench: 34 s, bench-softmax:
+# about 20 s on the course's CPU), and one line says so.
+CPU_SIZES = {"bench-softmax": {"rows": 256},
+             "bench": {"seq_lens": [64, 128], "head_dims": [64], "tokens": 256, "heads": 2, "dtypes": ["bfloat16"]}}
+
+
+def _sizes_for_this_machine(command: str, args) -> None:
+    """Options left at None (not given) get the GPU's defaults on a GPU, `CPU_SIZES` on a CPU."""
+    gpu = torch.cuda.is_available()
+    chosen = []
+    for name, cpu_value in CPU_SIZES[command].items():
+        if getattr(args, name) is None:
+            value = args.gpu_defaults[name] if gpu else cpu_value
+            setattr(args, name, value)
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            chosen.append(f"--{name.replace('_', '-')} {shown}")
+    if not gpu and chosen:
+        print(f"{command}: no GPU, so Triton's interpreter runs flashlab's kernels, hundreds of times slower than "
+              f"compiled (their times here are the interpreter's); CPU sizes: {', '.join(chosen)}. Give the options "
+              "to choose (see --help).", file=sys.stderr)
+
+
 def _softmax_options(p) -> None:
-    p.add_argument("--rows", type=POSITIVE, default=4096, help="rows of each matrix (default 4096)")
+    p.add_argument("--rows", type=POSITIVE, default=None,
+                   help=f"rows of each matrix (default 4096 on a GPU, {CPU_SIZES['bench-softmax']['rows']} on a CPU)")
+    p.set_defaults(gpu_defaults={"rows": 4096})
     p.add_argument("--cols", type=POSITIVE, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192, 16384],
                    help="row lengths to time (default 256 … 16384)")
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16",
@@ -159,6 +185,7 @@ def _softmax_options(p) -> None:
 
 def _bench_softmax(args) -> None:
     _check_output_file("--out", args.out, create_directory=True)
+    _sizes_for_this_machine("bench-softmax", args)
     from .benchmarks.softmax import benchmark_softmax
     from .recorded import environment
 
@@ -173,18 +200,20 @@ def _bench_softmax(args) -> None:
         print(f"{r['cols']:>6} {r['impl']:>24} {r['ms']:9.4f} ms {r['GB/s']:8.1f} GB/s")
 
 
-# ---------------------------------------------------------------- bench
 def _attention_bench_options(p) -> None:
-    p.add_argument("--seq-lens", type=POSITIVE, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384],
-                   help="sequence lengths N (default 512 … 16384)")
-    p.add_argument("--head-dims", type=POSITIVE, nargs="+", default=[64, 128],
-                   help="head dimensions D (default 64 128)")
+    p.add_argument("--seq-lens", type=POSITIVE, nargs="+", default=None,
+                   help="sequence lengths N (default 512 … 16384 on a GPU, 64 128 on a CPU)")
+    p.add_argument("--head-dims", type=POSITIVE, nargs="+", default=None,
+                   help="head dimensions D (default 64 128 on a GPU, 64 on a CPU)")
     p.add_argument("--masks", nargs="+", choices=["full", "causal"], default=["full", "causal"],
                    help="attention masks (default both)")
-    p.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=["bfloat16", "float16"],
-                   help="element types (default both)")
-    p.add_argument("--tokens", type=POSITIVE, default=16384, help="B·N, kept constant across N (default 16384)")
-    p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads H (default 16)")
+    p.add_argument("--dtypes", nargs="+", choices=["float16", "bfloat16"], default=None,
+                   help="element types (default both on a GPU, bfloat16 on a CPU)")
+    p.add_argument("--tokens", type=POSITIVE, default=None,
+                   help="B·N, kept constant across N (default 16384 on a GPU, 256 on a CPU)")
+    p.add_argument("--heads", type=POSITIVE, default=None, help="attention heads H (default 16 on a GPU, 2 on a CPU)")
+    p.set_defaults(gpu_defaults={"seq_lens": [512, 1024, 2048, 4096, 8192, 16384], "head_dims": [64, 128],
+                                 "tokens": 16384, "heads": 16, "dtypes": ["bfloat16", "float16"]})
     p.add_argument("--flex-seq-lens", type=POSITIVE, nargs="*", default=None,
                    help="run FlexAttention (compiled per shape) only at these N (default: all)")
     p.add_argument("--warmup-ms", type=NON_NEGATIVE, default=25,
@@ -196,6 +225,7 @@ def _attention_bench_options(p) -> None:
 
 def _bench_attention(args) -> None:
     _check_output_file("--out", args.out, create_directory=True)
+    _sizes_for_this_machine("bench", args)
     from . import autotune
     from .benchmarks.attention import benchmark_attention
     from .recorded import environment

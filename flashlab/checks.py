@@ -99,11 +99,25 @@ def check_attention_inputs(
         enable_gqa and k.shape[-3] > 0 and q.shape[-3] % k.shape[-3] == 0)
     if q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and batch_ok(k) and heads_ok:
         pass  # with enable_gqa, each k/v head serves q.shape[-3] // k.shape[-3] q heads
+    elif q.dim() >= 3 and k.shape[:-2] == v.shape[:-2] and batch_ok(k):     # only the heads disagree
+        heads, heads_kv = q.shape[-3], k.shape[-3]
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        if enable_gqa:
+            _fail(K, f"{heads_kv} heads do not divide {Q}'s {heads}",
+                  f"With enable_gqa=True each {K}/{V} head serves an equal group of {Q} heads: give {K} and {V} "
+                  f"a number of heads that divides {heads} ({divisors}).")
+        elif sdpa_semantics and heads_kv and heads % heads_kv == 0:
+            _fail(K, f"has {heads_kv} heads, {Q} {heads}",
+                  f"For grouped-query attention pass enable_gqa=True (each {K}/{V} head then serves "
+                  f"{heads // heads_kv} {Q} heads).")
+        gqa = f" (or, with enable_gqa=True, {K} and {V} a number that divides {Q}'s: {divisors})"
+        _fail(K, f"has {heads_kv} heads, {Q} {heads}",
+              f"{Q}, {K} and {V} must have the same number of heads{gqa if sdpa_semantics else ''}.")
     elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         bad, t = (K, k) if q.shape[:-2] != k.shape[:-2] else (V, v)
+        gqa = f" (with enable_gqa=True, {K} and {V} may have a number of heads that divides {Q}'s)"
         _fail(bad, f"leading (batch, head) dimensions {tuple(t.shape[:-2])} differ from {Q}'s {tuple(q.shape[:-2])}",
-              f"{Q}, {K} and {V} must share every dimension but the last two (with enable_gqa=True, "
-              f"{K} and {V} may have a number of heads that divides {Q}'s).")
+              f"{Q}, {K} and {V} must share every dimension but the last two{gqa if sdpa_semantics else ''}.")
     if k.shape[-1] != q.shape[-1]:
         _fail(K, f"head dimension {k.shape[-1]} differs from {Q}'s {q.shape[-1]}",
               f"{Q} and {K} must have the same last dimension (they are multiplied together).")

@@ -44,8 +44,8 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
         raise TypeError(f"is_causal: {is_causal!r} is not a bool. Pass True (query i sees keys 0..i) or False.")
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True,
                            names=("query", "key", "value"))
-    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
-        raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1). "
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p <= 1.0):
+        raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1]. "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")
     check_window(window)
 
@@ -87,6 +87,8 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
         return False                                  # float64, or D > 256
     if dropout_p > 0 and q.shape[-2] * k.shape[-2] >= 2**31:
         return False                                  # the kernels' RNG counter is int32
+    if dropout_p >= 1:
+        return False                                  # all dropped (zeros, as SDPA): no 1/(1 − p) for the kernels
     if q.device.type == "cpu":
         return interpreter_tiles(q, k, band) <= _cpu_tile_limit()
     return True
@@ -137,7 +139,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             differs from the exact one (as SDPA's CPU flash backend's does). Partly masked rows
             are exact.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
-            1/(1 − p)), as in SDPA: pass 0.0 in evaluation. The kernels' mask comes from an
+            1/(1 − p)), as in SDPA: pass 0.0 in evaluation. 1.0 drops every weight (zeros, on
+            the PyTorch path), as in SDPA. The kernels' mask comes from an
             in-kernel Philox RNG seeded from torch's default generator and is regenerated in the
             backward, never stored; `flashlab.flash_launch.dropout_keep_mask` reproduces it.
             The PyTorch path (below) drops with ``torch.nn.functional.dropout`` instead: one

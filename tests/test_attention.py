@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import assert_close, autotune, flash_attention, reference_attention, reference_gradients
+from flashlab import assert_close, autotune, flash_attention, naive_attention, reference_attention, reference_gradients
 from flashlab.flash_attention import MultiHeadAttention, attention
 from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
 
@@ -168,7 +168,7 @@ def test_drop_in_for_sdpa_in_a_module():
 
 
 @pytest.mark.parametrize("kwargs,argument", [
-    ({"dropout_p": 1.0}, "dropout_p"),
+    ({"dropout_p": 1.5}, "dropout_p"),
     ({"dropout_p": -0.1}, "dropout_p"),
     ({"k": torch.randn(1, 3, 8, 16)}, "key"),                       # heads differ without GQA
     ({"k": torch.randn(1, 2, 8, 8)}, "key"),                        # q·k head dims differ
@@ -190,6 +190,23 @@ def test_clear_errors(kwargs, argument):
     args = {name: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for name, t in args.items()}
     with pytest.raises(ValueError, match=rf"^{argument}:"):     # errors name SDPA's parameters: query, key, value
         attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,enable_gqa,message", [
+    (6, 4, True, r"^key: 4 heads do not divide query's 6\. .* divides 6 \(1, 2, 3, 6\)\.$"),
+    (8, 2, False, r"^key: has 2 heads, query 8\. For grouped-query attention pass enable_gqa=True .* 4 query heads"),
+    (6, 4, False, r"^key: has 4 heads, query 6\. .*same number of heads \(or, with enable_gqa=True, .*1, 2, 3, 6\)"),
+])
+def test_a_head_count_mismatch_says_which_counts_would_do(heads_q, heads_kv, enable_gqa, message):
+    """Heads that do not divide (enable_gqa=True) were reported as differing 'leading (batch, head)
+    dimensions', the same words as a batch mismatch (a practitioner's trial): now the counts, what
+    divides, and enable_gqa where it is the fix. Functions without enable_gqa do not suggest it."""
+    q = torch.randn(1, heads_q, 5, 8)
+    k = v = torch.randn(1, heads_kv, 5, 8)
+    with pytest.raises(ValueError, match=message):
+        attention(q, k, v, enable_gqa=enable_gqa)
+    with pytest.raises(ValueError, match=r"^k: has \d heads, q \d\. q, k and v must have the same number of heads\.$"):
+        naive_attention(q, k, v)
 
 
 @gpu

@@ -410,3 +410,29 @@ def test_a_gpu_runs_cuda_graphs_are_not_taken_on_a_cpu_resume(tmp_path, capsys):
     checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
     assert main(["export-tsp", "--checkpoint", str(last), "--out", str(tmp_path / "am.pt")]) == 0
     assert load_model(tmp_path / "am.pt")[1]["compile"] == "reduce-overhead"
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_benchmarks_take_sizes_that_fit_the_machine(gpu, monkeypatch, capsys):
+    """bench and bench-softmax's sizes are a GPU's: on a CPU, where the kernels run in Triton's
+    interpreter, bench's defaults ran past 2 minutes on their first of 48 rows and bench-softmax's
+    took minutes (a practitioner's trial). On a CPU the sizes not given are small ones, said in one
+    line; on a GPU and where given, they are as before."""
+    from flashlab import __main__ as cli
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    parser = build_parser()
+    softmax = parser.parse_args(["bench-softmax"])
+    cli._sizes_for_this_machine("bench-softmax", softmax)
+    bench = parser.parse_args(["bench", "--heads", "4"])
+    cli._sizes_for_this_machine("bench", bench)
+    said = capsys.readouterr().err
+    if gpu:
+        assert softmax.rows == 4096 and bench.seq_lens == [512, 1024, 2048, 4096, 8192, 16384]
+        assert bench.tokens == 16384 and bench.dtypes == ["bfloat16", "float16"] and said == ""
+    else:
+        assert softmax.rows == 256 and bench.seq_lens == [64, 128] and bench.tokens == 256
+        assert bench.dtypes == ["bfloat16"] and bench.head_dims == [64]
+        lines = said.splitlines()
+        assert len(lines) == 2 and "no GPU" in lines[0] and "--rows 256" in lines[0]
+        assert "--seq-lens 64 128" in lines[1] and "--heads" not in lines[1]
+    assert bench.heads == 4, "a size given on the command line is kept"

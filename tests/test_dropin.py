@@ -523,6 +523,21 @@ def test_a_finfo_min_padding_mask_warns_nothing(dtype):
         assert rel_error(got, ref) < tolerance
 
 
+def test_dropout_p_one_drops_everything_as_sdpa_does():
+    """SDPA takes dropout_p=1.0 (zeros, zero gradients); flashlab refused it ('not a probability
+    in [0, 1)', a practitioner's trial). It now gives SDPA's result, packed or not."""
+    q, k, v = (torch.randn(2, 3, 7, 16, requires_grad=True) for _ in range(3))
+    out = attention(q, k, v, dropout_p=1.0)
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+    assert torch.equal(out, want) and not out.any()
+    for g in torch.autograd.grad(out.sum(), (q, k, v)):
+        assert not g.any()
+    qkv = torch.randn(2, 7, 3, 3, 16, requires_grad=True)
+    packed = flashlab.attention_qkvpacked(qkv, dropout_p=1.0)
+    assert packed.shape == (2, 7, 3, 16) and not packed.any()
+    assert not torch.autograd.grad(packed.sum(), qkv)[0].any()
+
+
 def test_many_interpreted_tiles_say_once_how_to_switch(monkeypatch):
     """A CPU process that gives the interpreter many tiles (a model trained on a CPU, a client
     library's tests) is told once, at the caller's line, that FLASHLAB_CPU_KERNELS=0 runs it at

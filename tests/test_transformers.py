@@ -122,6 +122,19 @@ def test_names_with_flash_are_refused():
         register("my_flashlab")
 
 
+@pytest.mark.parametrize("name", ["sdpa", "eager", "flex_attention", "paged|eager", "", "  "])
+def test_transformers_own_names_are_refused(name):
+    """register("sdpa") replaced transformers' SDPA for every model of the process (a practitioner's
+    trial: a model loaded with attn_implementation="sdpa" then ran interpreted, 0.0017 s → 0.13 s a
+    forward); "eager" and "" were taken too. Registering flashlab's own name again is fine."""
+    from transformers import AttentionInterface
+    before = dict(AttentionInterface._global_mapping)
+    with pytest.raises(ValueError, match=r"^name: .*(transformers' own|not a name)"):
+        register(name)
+    assert AttentionInterface._global_mapping == before
+    assert register() == register() == "lab_attention"
+
+
 def test_what_the_kernels_do_not_have_is_refused_not_dropped():
     """Attention sinks (gpt-oss passes s_aux, a learned logit per head in every row's softmax) were
     silently dropped: logits off by 0.3-0.6 from eager on a tiny gpt-oss (a practitioner's trial).

@@ -64,7 +64,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 def register(name: str = NAME) -> str:
     """Registers flashlab's attention and its mask function with transformers under ``name``
-    and returns the name, for ``attn_implementation=``."""
+    and returns the name, for ``attn_implementation=``. Names with "flash" in them and
+    transformers' own implementations' names ("sdpa", "eager", …) are refused."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name: {name!r} is not a name; pass a string such as {NAME!r}, or nothing")
     if "flash" in name.lower():
         raise ValueError(f"name: {name!r} contains 'flash', which transformers takes for a hub flash-attention "
                          f"kernel; use another name, e.g. {NAME!r}")
@@ -72,8 +75,14 @@ def register(name: str = NAME) -> str:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as exc:
-        raise ImportError("flashlab.integrations.transformers needs transformers: pip install "
-                          "'flashlab-course[hf]' (or pip install transformers)") from exc
+        raise ImportError("flashlab.integrations.transformers needs transformers: pip install transformers "
+                          "(or install flashlab with its hf extra: pip install '/path/to/flashlab[hf]')") from exc
+    # transformers' own implementations: registering over one would silently turn every model of the
+    # process that asks for it (attn_implementation="sdpa") into flashlab's, interpreted on a CPU
+    builtin = {"eager", *AttentionInterface._global_mapping, *AttentionMaskInterface._global_mapping}
+    if name in builtin and AttentionInterface._global_mapping.get(name) is not attention_forward:
+        raise ValueError(f"name: {name!r} is transformers' own attention implementation; registering flashlab "
+                         f"under it would replace it for every model in the process. Use another name, e.g. {NAME!r}")
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)       # boolean masks, None where is_causal suffices
     return name
