@@ -98,6 +98,10 @@
 # 2026-12-05 (fifth session): H200s refused again, hour after hour (about 70 s of budget per refusal). For a budget
 # that refusals have eaten into: tiles-d16 (tiles without the D = 32/64 choices, ~6.5 min), tiles-min (the packed
 # form's GPU tests and the encoder step alone, ~4 min).
+# 2026-12-05 (sixth session): the H200 refused five times; a call naming nvidia-h200 got an H100, which ran tiles,
+# verify and the table (results/h100/, results/README.md). On the H200 still, in order: tiles (or tiles-min),
+# each now also measuring notebook 02's roofline peaks (measurements.roofline_peaks: its 790 TFLOP/s has no
+# record), then small_defaults and defaults-verify; tsp100-finish; rl4co-and-suite.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -114,6 +118,9 @@ small_path_suite() {   # the small path's tests, which run on the GPU whatever t
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
     tests/test_qkvpacked.py -rf \
     --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
+}
+roofline_peaks() {   # notebook 02's two peaks: a bf16 8192³ matmul and a device-to-device copy (15 s)
+  timeout 60 python -m measurements.roofline_peaks "$out" > "$out/roofline_peaks.log" 2>&1; tail -n 1 "$out/roofline_peaks.log"
 }
 qkvpacked_gpu_tests() {   # flashlab.attention_qkvpacked's tests on the GPU (70 s)
   timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
@@ -285,6 +292,7 @@ elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
   # then times it beside the three views
+  roofline_peaks
   qkvpacked_gpu_tests
   d16_choices_and_encoder
   mkdir -p "$out/d32_d64"
@@ -292,11 +300,13 @@ elif [ "$phase" = tiles ]; then
     --choice-n 100 50 20 --budget-s 120 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
 elif [ "$phase" = tiles-d16 ]; then
   # 2026-12-05 (fifth session): tiles without the D = 32/64 choices, for a budget that refusals ate into
+  roofline_peaks
   qkvpacked_gpu_tests
   d16_choices_and_encoder
 elif [ "$phase" = tiles-min ]; then
   # the least that answers the encoder target: the packed form's GPU tests, the encoder step (no choices,
   # so no 'fastest launches' variant)
+  roofline_peaks
   qkvpacked_gpu_tests
   timeout 170 python -m measurements.small_graphs "$out" --sections encoder_tiles --tsp-nodes 100 50 20 \
     --budget-s 140 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
