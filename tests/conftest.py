@@ -7,8 +7,11 @@ import random
 import pytest
 import torch
 
-# before any test module imports triton: flashlab turns on Triton's interpreter on a CPU-only
-# machine, and triton.language's own jit functions must be created after that
+# flashlab sets nothing process-wide (no TRITON_INTERPRET): a kernel launched on CPU tensors
+# through flashlab.runtime.kernel_for runs as an interpreted twin, chosen per call, and the root
+# conftest.py's `exercise` fixture hands the exercise tests a module whose @triton.jit kernels
+# are already those twins. Any import order works: this import is left from when flashlab
+# switched the interpreter on at import.
 import flashlab  # noqa: F401
 
 

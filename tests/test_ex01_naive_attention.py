@@ -58,3 +58,17 @@ def test_attention_scale_and_gradients(exercise):
     ref_grads = reference_gradients(q, k, v, grad_out, scale=0.3)
     for name, g, rg in zip("qkv", grads, ref_grads):
         assert_close(g, rg, what=f"d{name}")
+
+
+def test_large_scores_do_not_overflow(exercise):
+    """Scores of about ±1000: e^S overflows (e^710 is inf even in float64) unless the row max is
+    subtracted before the exponential, as torch.softmax does; the result itself is ordinary."""
+    q = torch.randn(1, 2, 9, 16, dtype=torch.float64) * 30
+    k = torch.randn(1, 2, 11, 16, dtype=torch.float64) * 30
+    v = torch.randn(1, 2, 11, 16, dtype=torch.float64)
+    out = exercise.attention(q, k, v)
+    biggest = (q @ k.transpose(-1, -2) * 16 ** -0.5).amax(-1).max().item()
+    assert torch.isfinite(out).all(), (
+        f"scores up to {biggest:.0f} gave inf or NaN: exp(S) overflows (inf / inf = NaN). Subtract each row's "
+        "maximum before the exponential (exp(S − max) ≤ 1, the same softmax), or use torch.softmax(scores, dim=-1)")
+    assert_close(out, reference_attention(q, k, v), dtype=torch.float64)

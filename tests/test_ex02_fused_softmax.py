@@ -1,14 +1,129 @@
-"""Tests for exercise 02 (fused softmax kernel). On a CPU they run in Triton's
-interpreter (flashlab.runtime.kernel_for runs CPU launches interpreted)."""
+"""Tests for exercise 02 (fused softmax kernel). On a CPU they run in Triton's interpreter:
+flashlab sets nothing process-wide, and conftest.py's `exercise` fixture hands over your module
+with softmax_kernel replaced by the interpreted twin that
+``flashlab.runtime.kernel_for(softmax_kernel, x.device)`` launches for CPU tensors.
+
+This file's `exercise` fixture adds `PaddedLaunch`: each launch runs on copies of x and y
+placed in larger buffers, so that a load or store outside a tensor is reported by name instead
+of corrupting memory (Triton's interpreter reads and writes the addresses it computes: a store
+past the end of y aborts the whole pytest process)."""
+
+import inspect
+import math
 
 import pytest
 import torch
 import triton
+from triton.runtime.jit import JITFunction
 
-import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+OUTSIDE_X = 1e4     # around x's rows: read there, it becomes the row max and every real column gives 0
+UNWRITTEN = 7.0     # around y's rows: a value no store writes
+
+
+class PaddedLaunch:
+    """``softmax_kernel`` as the tests launch it: ``PaddedLaunch(kernel)[grid](x, y, n_cols,
+    x_row_stride, y_row_stride, BLOCK=…)`` runs ``kernel`` on copies of x and y in larger buffers
+    (10⁴ around x's elements, 7.0 around y's), copies them back, and fails if a row stride passed
+    is not its tensor's, if the kernel stored outside y, or if it loaded outside x: a row max of
+    10⁴ zeroes a row of y, and a second run with −inf around x gives another y. ``kernel_for``
+    passes it through unchanged."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _launch_padded(self.kernel, grid, args, kwargs)
+
+
+def _launch_padded(kernel, grid, args, kwargs):
+    names = list(inspect.signature(kernel.fn).parameters)
+    bound = {**dict(zip(names, args)), **kwargs}
+    ints = [v for v in bound.values() if isinstance(v, int) and not isinstance(v, bool)] or [1]
+    programs = math.prod(grid(bound) if callable(grid) else grid)
+    reach = (programs + 1) * max(ints)          # past this, no row · stride + arange(BLOCK) lands
+    problems = []
+    for tensor, stride in (("x_ptr", "x_row_stride"), ("y_ptr", "y_row_stride")):
+        t, passed = bound.get(tensor), bound.get(stride)
+        if isinstance(t, torch.Tensor) and t.dim() == 2 and isinstance(passed, int) and passed != t.stride(0):
+            problems.append(f"{stride} = {passed} was passed, but {tensor[0]}'s rows are {t.stride(0)} elements "
+                            f"apart: pass each tensor's own row stride, {tensor[0]}.stride(0)")
+
+    def run(around_x):
+        copies = {}
+        for name, t in bound.items():
+            if isinstance(t, torch.Tensor):
+                fill = around_x if name == "x_ptr" else UNWRITTEN
+                span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+                buffer = torch.full((span + reach,), fill, dtype=t.dtype, device=t.device)
+                inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
+                inside.as_strided(t.shape, t.stride()).fill_(True)
+                copies[name] = (t, fill, buffer, inside, buffer.as_strided(t.shape, t.stride()).copy_(t))
+        kernel[grid](*[copies[n][4] if n in copies else a for n, a in zip(names, args)],
+                     **{n: copies[n][4] if n in copies else a for n, a in kwargs.items()})
+        return copies
+
+    copies = run(OUTSIDE_X)
+    for name, (t, fill, buffer, inside, copy) in copies.items():
+        t.copy_(copy)
+        outside = buffer[~inside]
+        written = (outside != fill).sum().item()
+        if written:
+            problems.append(
+                f"softmax_kernel stored {written} values outside {name[0]} (shape {tuple(t.shape)}, rows "
+                f"{t.stride(0) if t.dim() == 2 else '?'} apart): mask the store with cols < n_cols, and step between "
+                "y's rows by y_row_stride")
+    if _read_outside_x(copies, run):
+        problems.append(
+            "softmax_kernel loaded values outside x (10⁴ here, so that row's max became 10⁴): load with "
+            "mask=cols < n_cols and other=-float(\"inf\"), and step between x's rows by x_row_stride")
+    assert not problems, "; ".join(problems)
+
+
+def _read_outside_x(copies, run) -> bool:
+    """A row of y all 0 (or NaN) although x's row has a finite value: if a run with −inf around x
+    gives another y, the 10⁴ around x got into the row max."""
+    if "x_ptr" not in copies or "y_ptr" not in copies:
+        return False
+    x, y = copies["x_ptr"][4], copies["y_ptr"][4]
+    if x.shape != y.shape or x.dim() != 2:
+        return False
+    lost = ((y == 0).all(-1) & torch.isfinite(x).any(-1)) | y.isnan().any(-1)
+    return bool(lost.any()) and not torch.equal(y.nan_to_num(), run(-float("inf"))["y_ptr"][4].nan_to_num())
+
+
+@pytest.fixture
+def exercise(exercise, monkeypatch):
+    """conftest.py's `exercise`, with softmax_kernel launched through `PaddedLaunch`."""
+    monkeypatch.setattr(exercise, "softmax_kernel", PaddedLaunch(exercise.softmax_kernel))
+    return exercise
+
+
+def _padding_hint(exercise, x, dtype) -> str:
+    """When n_cols is not a power of two: is the kernel right for a power-of-two width (no padding
+    columns)? Then the columns between n_cols and BLOCK are what goes wrong."""
+    cols = x.shape[-1]
+    width = 1 << (cols.bit_length() - 1)
+    if width == cols:
+        return ""
+    try:
+        part = x[:, :width].contiguous()
+        assert_close(exercise.softmax(part), torch.softmax(part.double(), -1), dtype=dtype)
+    except Exception:  # a hint only: the failure it accompanies is what matters
+        return ""
+    return (f"\nhint: right for {width} columns (a power of two, BLOCK = n_cols) but not for {cols} (BLOCK = "
+            f"{triton.next_power_of_2(cols)}): the columns n_cols..BLOCK − 1 must not count in the max or the sum. "
+            "Load with mask=cols < n_cols and other=-float(\"inf\") (exp(−inf) = 0), not 0 and not unmasked")
+
+
+def _assert_softmax(exercise, y, x, dtype=torch.float32, rows=slice(None)):
+    """y[rows] must be softmax(x[rows]) (float64 reference); names the cause of padding mistakes."""
+    try:
+        assert_close(y[rows], torch.softmax(x[rows].double(), -1), dtype=dtype)
+    except AssertionError as err:
+        raise AssertionError(f"{err}{_padding_hint(exercise, x[rows], dtype)}") from None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -17,7 +132,7 @@ def test_matches_float64_softmax(exercise, dtype, rows, cols):
     x = (torch.randn(rows, cols, device=DEVICE) * 4).to(dtype)
     y = exercise.softmax(x)
     assert y.shape == x.shape and y.dtype == dtype
-    assert_close(y, torch.softmax(x.double(), dim=-1), dtype=dtype)
+    _assert_softmax(exercise, y, x, dtype=dtype)
 
 
 def test_masked_entries_and_fully_masked_rows(exercise):
@@ -29,13 +144,13 @@ def test_masked_entries_and_fully_masked_rows(exercise):
     assert torch.all(y[2] == 0) and torch.all(y[0, ::2] == 0)
     keep = torch.ones(4, dtype=torch.bool)
     keep[2] = False
-    assert_close(y[keep], torch.softmax(x[keep].double(), -1), dtype=torch.float32)
+    _assert_softmax(exercise, y, x, rows=keep)
 
 
 def test_respects_row_stride(exercise):
     big = torch.randn(6, 40, device=DEVICE)
     x = big[:, :25]                 # rows 40 apart in memory, 25 long
-    assert_close(exercise.softmax(x), torch.softmax(x.double(), -1), dtype=torch.float32)
+    _assert_softmax(exercise, exercise.softmax(x), x)
 
 
 def test_subtracts_the_row_max(exercise):
@@ -44,7 +159,7 @@ def test_subtracts_the_row_max(exercise):
     x = torch.randn(3, 50, device=DEVICE) * 5 + 500
     y = exercise.softmax(x)
     assert torch.isfinite(y).all(), "subtract the row max before tl.exp"
-    assert_close(y, torch.softmax(x.double(), -1), dtype=torch.float32)
+    _assert_softmax(exercise, y, x)
 
 
 def test_returns_a_new_tensor(exercise):
@@ -58,8 +173,32 @@ def test_kernel_stores_only_the_real_columns(exercise):
     """The kernel alone, writing rows of 25 columns into a buffer whose rows are 40 long:
     columns 25..39 of every row must keep their value (the store is masked)."""
     x = torch.randn(5, 25, device=DEVICE)
-    buffer = torch.full((5, 40), 7.0, device=DEVICE)
+    buffer = torch.full((5, 40), UNWRITTEN, device=DEVICE)
     exercise.softmax(x)                         # a stub launcher raises: "not started", not a failure
     exercise.softmax_kernel[(5,)](x, buffer, 25, x.stride(0), buffer.stride(0), BLOCK=triton.next_power_of_2(25))
-    assert (buffer[:, 25:] == 7.0).all(), "the kernel wrote columns ≥ n_cols: mask the store"
-    assert_close(buffer[:, :25], torch.softmax(x.double(), -1), dtype=torch.float32)
+    assert (buffer[:, 25:] == UNWRITTEN).all(), "the kernel wrote columns ≥ n_cols: mask the store"
+    _assert_softmax(exercise, buffer[:, :25], x)
+
+
+def test_launches_through_kernel_for(exercise, monkeypatch):
+    """Outside these tests nothing replaces softmax_kernel by its interpreted twin: on CPU tensors
+    softmax works only if it launches ``kernel_for(softmax_kernel, x.device)[grid](…)``, which
+    picks the twin (``softmax_kernel[grid](…)`` itself tries to compile for a GPU)."""
+    kernel = exercise.softmax_kernel
+    while not isinstance(kernel, JITFunction) and hasattr(kernel, "kernel"):
+        kernel = kernel.kernel                   # PaddedLaunch, then the interpreted twin
+    if not isinstance(kernel, JITFunction):
+        pytest.skip("TRITON_INTERPRET is set: every kernel is interpreted, however it is launched")
+    monkeypatch.setattr(exercise, "softmax_kernel", kernel)
+    x = torch.randn(4, 32)                      # n_cols = BLOCK: nothing to read or write outside x and y
+    try:
+        y = exercise.softmax(x)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        raise AssertionError(
+            f"softmax on CPU tensors, with softmax_kernel as your module defines it, raised {type(err).__name__}: "
+            f"{str(err).rstrip('.')}. Launch it through kernel_for(softmax_kernel, x.device)[grid](…), as the "
+            "stub's import says: it runs the kernel in Triton's interpreter for CPU tensors. The other tests pass "
+            "either way because the test fixture has already replaced softmax_kernel by its interpreted twin") from err
+    assert_close(y, torch.softmax(x.double(), -1), dtype=torch.float32)

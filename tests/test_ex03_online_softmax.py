@@ -14,12 +14,30 @@ def _stream(exercise, x, block):
     return m, l
 
 
+def _rescale_hint(exercise) -> str:
+    """What `update` does to the old sum, from the state of one column 0 (m = 0, l = 1) and a block
+    [1]: m' = 1 and l' = l·e^(m − m') + e^(1 − m') = e⁻¹ + 1; the usual mistakes give other values."""
+    one = torch.ones(1, dtype=torch.float64)
+    try:
+        got, e = exercise.update(one * 0, one, one[:, None])[1].item(), torch.e
+    except Exception:  # a hint only: the failure it accompanies is what matters
+        return ""
+    for wrong, what in ((1 + e, "multiplied by e^(m' − m) = e¹, the factor inverted"), (2.0, "not rescaled")):
+        if abs(got - wrong) < 1e-9:
+            return (f"\nhint: update(m=0, l=1, block=[1]) gives l = {got:.4f}: the old sum was {what}. "
+                    f"Rescale it by exp(m − m'), old max minus new max, ≤ 1: l = 1·e⁻¹ + e⁰ = {1 / e + 1:.4f}")
+    return ""
+
+
 @pytest.mark.parametrize("cols,block", [(1, 1), (17, 4), (1000, 64), (100, 1000)])
 def test_update_streams_to_the_exact_statistics(exercise, cols, block):
     x = torch.randn(3, 5, cols, dtype=torch.float64) * 5
     m, l = _stream(exercise, x, block)  # noqa: E741
     assert_close(m, x.amax(-1), what="m")
-    assert_close(m + torch.log(l), torch.logsumexp(x, -1), what="log-sum-exp")
+    try:
+        assert_close(m + torch.log(l), torch.logsumexp(x, -1), what="log-sum-exp")
+    except AssertionError as err:
+        raise AssertionError(f"{err}{_rescale_hint(exercise)}") from None
 
 
 def _state(x):
@@ -89,6 +107,13 @@ def test_minus_infinity_and_empty_rows(exercise):
     x[1] = -torch.inf                # row 1 is entirely masked
     m, l = _stream(exercise, x, 5)  # noqa: E741
     bad = _nan_rows(m, l)
+    finite = [r for r in bad if not torch.isinf(x[r]).any()]
+    assert not finite, (
+        f"update gave NaN in rows {finite} (m = {m.tolist()}, l = {l.tolist()}), whose values are all finite, so "
+        "the NaN does not come from −inf values: check the rescale factor of the old sum, exp(m − m') (old max minus "
+        "new max, ≤ 1). From the empty starting state m = −inf, l = 0 it is exp(−inf − m') = 0 and l stays 0 · 0 = 0; "
+        "the inverted factor exp(m' − m) = inf gives 0 · inf = NaN"
+        + _rescale_hint(exercise))
     assert not bad, (
         f"update gave NaN in rows {bad} (m = {m.tolist()}, l = {l.tolist()}), streaming blocks of 5 columns "
         "where row 0's first block and all of row 1 are −inf. While every value seen so far is −inf, "
@@ -96,7 +121,10 @@ def test_minus_infinity_and_empty_rows(exercise):
         "subtract 0 instead of m' (exp(−inf − 0) = 0), so those rows stay m = −inf, l = 0")
     assert m[1] == -torch.inf and l[1] == 0, (
         f"row 1 is all −inf: expected the empty state m = −inf, l = 0; got m = {m[1].item()}, l = {l[1].item()}")
-    assert_close(m[[0, 2]] + torch.log(l[[0, 2]]), torch.logsumexp(x[[0, 2]], -1), what="log-sum-exp of rows 0, 2")
+    try:
+        assert_close(m[[0, 2]] + torch.log(l[[0, 2]]), torch.logsumexp(x[[0, 2]], -1), what="log-sum-exp of rows 0, 2")
+    except AssertionError as err:
+        raise AssertionError(f"{err}{_rescale_hint(exercise)}") from None
     empty = (torch.tensor([-torch.inf], dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
     m2, l2 = exercise.merge(*empty, *empty)
     assert m2.item() == -torch.inf and l2.item() == 0, (

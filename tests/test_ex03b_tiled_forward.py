@@ -8,34 +8,59 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from flashlab import assert_close, reference_attention
+from flashlab import TOLERANCE, assert_close, reference_attention, rel_error
 from flashlab.instrument import LargestTensor
 
 CASES = [(1, 1, 16), (17, 17, 16), (100, 37, 8), (37, 100, 8), (260, 260, 16)]
 
 
 class KeyBlockReads(TorchDispatchMode):
-    """Counts, per block of ``block_n`` key rows, the operations that read part of the
-    contiguous tensor ``k`` (through any view: slices, splits, transposes). Views
-    themselves read nothing; an operation reading all of k at once (a cast or a scaling
-    before the loops) is the same however many tiles are visited, so it is not counted."""
+    """Counts, per block of ``block_n`` key rows, the operations that read part of K: of ``k``
+    itself (through any view: slices, splits, transposes) or of a tensor made from all of K
+    (``k.float() * scale`` or a transposed ``.contiguous()`` copy made before the loops), whose
+    elements are followed back to the key row they came from. Views themselves read nothing; an
+    operation reading every key block at once (such a cast, scaling or copy) is the same however
+    many tiles are visited, so it is not counted, and its result is followed in turn."""
 
     def __init__(self, k: torch.Tensor, block_n: int):
         super().__init__()
-        self.storage, self.block_n = k.untyped_storage().data_ptr(), block_n
-        self.rows = torch.arange(k.numel()).view_as(k).div(k.shape[-1], rounding_mode="floor") % k.shape[-2]
-        self.rows_flat, self.n_blocks = self.rows.flatten(), -(-k.shape[-2] // block_n)
+        self.block_n, self.n_blocks = block_n, -(-k.shape[-2] // block_n)
+        self.rows: dict[int, torch.Tensor] = {}   # storage address → key row of each element there (−1: none)
+        self.followed: list[torch.Tensor] = []    # kept alive: their memory must not be reused by other tensors
         self.reads: Counter = Counter()
+        self._follow(k, torch.arange(k.shape[-2])[:, None].expand(k.shape))
+
+    def _follow(self, t: torch.Tensor, rows: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        flat = torch.full((storage.nbytes() // t.element_size(),), -1)
+        flat.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(rows)
+        self.rows[storage.data_ptr()] = flat
+        self.followed.append(t)
+
+    def _rows_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        flat = self.rows.get(t.untyped_storage().data_ptr())
+        if flat is None or not t.numel() or flat.numel() * t.element_size() != t.untyped_storage().nbytes():
+            return None
+        return flat.as_strided(t.shape, t.stride(), t.storage_offset())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            for t in tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == self.storage and t.numel():
-                    rows = torch.as_strided(self.rows_flat, t.shape, t.stride(), t.storage_offset())
-                    blocks = set((rows // self.block_n).unique().tolist())
-                    if len(blocks) < self.n_blocks:
-                        self.reads.update(blocks)
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        if func.is_view:
+            return result
+        whole = None
+        for t in tree_leaves((args, kwargs)):
+            rows = self._rows_of(t) if isinstance(t, torch.Tensor) else None
+            if rows is not None:
+                blocks = set((rows[rows >= 0] // self.block_n).unique().tolist())
+                if len(blocks) < self.n_blocks:
+                    self.reads.update(blocks)
+                else:
+                    whole = rows
+        if whole is not None:               # a tensor made from all of K: follow its elements too
+            for out in tree_leaves(result):
+                if isinstance(out, torch.Tensor) and out.shape == whole.shape and self._rows_of(out) is None:
+                    self._follow(out, whole)
+        return result
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -77,12 +102,17 @@ def _key_block_reads(exercise, is_causal, n=128, block=32):
 def test_causal_skips_key_blocks_above_the_diagonal(exercise):
     """128 queries and keys in blocks of 32: query block i needs key blocks 0..i only, so
     key block j is visited by 4 − j query blocks: fewer and fewer as j grows. Without
-    skipping every key block is visited 4 times (counted as reads of K's rows)."""
+    skipping every key block is visited 4 times (counted as reads of K's rows, or of the
+    rows of a tensor made from all of K, such as K · scale computed before the loops)."""
     reads = _key_block_reads(exercise, is_causal=True)
-    assert all(reads), f"operations reading each key block of K: {reads}; every key block is needed by some query"
+    assert all(reads), (
+        f"operations reading each key block of K: {reads}; every key block is needed by some query. Compute each "
+        "tile's scores from one block of keys, k[..., j:j + block_n, :] (or the same rows of a tensor made from all "
+        "of K, such as K · scale), never from all the keys at once")
     assert all(a > b for a, b in zip(reads, reads[1:])), (
         f"operations reading key blocks 0..3 of K: {reads}, but a causal run must skip the key blocks "
-        "entirely above the diagonal (key block j is needed by query blocks j..3 only)")
+        "entirely above the diagonal (key block j is needed by query blocks j..3 only): for the query block "
+        "starting at row i, stop the key loop at min(Nk, i + its number of rows)")
 
 
 def test_causal_never_reads_keys_past_the_last_query(exercise):
@@ -102,3 +132,58 @@ def test_float64_inputs_keep_float64(exercise):
     out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=16, block_n=16)
     assert out.dtype == torch.float64 and lse.dtype == torch.float64
     assert_close(out, reference_attention(q, k, v, is_causal=True), dtype=torch.float64)
+
+
+def test_scale_argument(exercise):
+    """An explicit scale replaces the default 1/√D, in the output and in the log-sum-exp."""
+    q, k, v = torch.randn(1, 2, 40, 16), torch.randn(1, 2, 50, 16), torch.randn(1, 2, 50, 16)
+    for is_causal in (False, True):
+        out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, scale=0.7, block_m=16, block_n=16)
+        err = rel_error(out, reference_attention(q, k, v, is_causal=is_causal, scale=0.7))
+        hint = ""
+        if rel_error(out, reference_attention(q, k, v, is_causal=is_causal)) <= TOLERANCE[torch.float32]:
+            hint = "; it matches the default scale 1/√D = 0.25: use the scale argument (1/√D only when it is None)"
+        assert err <= TOLERANCE[torch.float32], (
+            f"output with scale=0.7 (is_causal={is_causal}): relative error {err:.1e} exceeds "
+            f"{TOLERANCE[torch.float32]:.0e}{hint}")
+        scores = (q.double() @ k.double().transpose(-1, -2)) * 0.7
+        if is_causal:
+            scores = scores.masked_fill(torch.ones(40, 50, dtype=torch.bool).tril().logical_not(), -torch.inf)
+        assert_close(lse, torch.logsumexp(scores, -1), what=f"lse with scale=0.7, is_causal={is_causal}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_value_width_may_differ(exercise, is_causal):
+    """v may have its own width Dv ≠ D: out is (..., Nq, Dv), and so is the accumulator."""
+    q, k, v = torch.randn(2, 37, 16), torch.randn(2, 50, 16), torch.randn(2, 50, 24)
+    try:
+        out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, block_m=16, block_n=16)
+    except NotImplementedError:          # a RuntimeError too: the stub, reported as not started
+        raise
+    except RuntimeError as err:
+        raise AssertionError(
+            f"with q, k of width D = 16 and v of width Dv = 24 it raised {err}: the accumulator and out take v's "
+            "width, (..., rows, Dv) and (..., Nq, Dv) with Dv = v.shape[-1], not q's") from err
+    assert out.shape == (2, 37, 24), (
+        f"out has shape {tuple(out.shape)}, expected (2, 37, 24): out is (..., Nq, Dv) with Dv = v.shape[-1] "
+        "(allocate it from v's width, not like q)")
+    assert lse.shape == (2, 37)
+    assert_close(out, reference_attention(q, k, v, is_causal=is_causal))
+
+
+def test_half_precision_accumulates_in_float32(exercise):
+    """fp16 inputs, 2048 keys in blocks of 16: the values are +4 for the first half of the keys
+    and −4 for the second (plus noise), so the running sum of P V climbs to ~4000 and cancels
+    back to a small output. Kept in fp16 (11 bits), every update rounds that sum by up to 2, and
+    the output is off by 1-3e-2; kept in float32 it is off by the output's own rounding (2e-4)."""
+    q, k = torch.randn(1, 2, 16, 16).half(), torch.randn(1, 2, 2048, 16).half()
+    v = torch.randn(1, 2, 2048, 16)
+    v[..., :1024, :] += 4
+    v[..., 1024:, :] -= 4
+    v = v.half()
+    out, _ = exercise.tiled_attention_forward(q, k, v, block_m=16, block_n=16)
+    err = rel_error(out, reference_attention(q, k, v))
+    assert err <= TOLERANCE[torch.float16], (
+        f"fp16 inputs, 2048 keys whose values sum to ~4000 and cancel: output relative error {err:.1e} exceeds "
+        f"{TOLERANCE[torch.float16]:.0e}. Keep m, l and the accumulator in float32 (float64 for float64 inputs) "
+        "whatever q's dtype, and round only the final output to q's dtype")

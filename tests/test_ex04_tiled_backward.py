@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from flashlab import assert_close, reference_attention, reference_gradients
+from flashlab import TOLERANCE, assert_close, reference_attention, reference_gradients, rel_error
 from flashlab.instrument import LargestTensor
 
 
-def _forward(q, k, v, is_causal):
+def _forward(q, k, v, is_causal, scale=None):
     """O and the log-sum-exp from the float64 reference (so ex04 does not need ex03b)."""
-    out = reference_attention(q, k, v, is_causal=is_causal)
-    scores = q.double() @ k.double().transpose(-1, -2) * q.shape[-1] ** -0.5
+    out = reference_attention(q, k, v, is_causal=is_causal, scale=scale)
+    scores = q.double() @ k.double().transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if is_causal:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
         scores = scores.masked_fill(~keep, -torch.inf)
@@ -100,3 +100,20 @@ def test_recomputes_p_from_the_given_logsumexp(exercise):
     halved = exercise.tiled_attention_backward(q, k, v, out, lse + torch.log(torch.tensor(2.0)), grad_out)
     for name, a, b in zip("qkv", halved, full):
         assert_close(a, b / 2, tol=1e-6, what=f"d{name} with lse + log 2")  # dS sums cancel: ~1e-9
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_scale_argument(exercise, is_causal):
+    """An explicit scale replaces the default 1/√D: S = Q Kᵀ · scale, dQ = dS K · scale, dK = dSᵀ Q · scale."""
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = _forward(q, k, v, is_causal, scale=0.6)
+    grad_out = torch.randn_like(out)
+    grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=is_causal, scale=0.6,
+                                              block_m=16, block_n=16)
+    wants = reference_gradients(q, k, v, grad_out, is_causal=is_causal, scale=0.6)
+    for name, got, want in zip("qkv", grads, wants):
+        err = rel_error(got, want)
+        assert err <= TOLERANCE[torch.float64], (
+            f"d{name} with scale=0.6 (default 1/√D = {8 ** -0.5:.3f}, is_causal={is_causal}): relative error "
+            f"{err:.1e} exceeds {TOLERANCE[torch.float64]:.0e}. Use the scale argument (1/√D only when it is None) "
+            "in S = Q Kᵀ · scale and in dQ = dS K · scale, dK = dSᵀ Q · scale")
