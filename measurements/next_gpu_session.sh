@@ -98,7 +98,7 @@
 # 2026-12-05 (fifth session): H200s refused again, hour after hour (about 70 s of budget per refusal). For a budget
 # that refusals have eaten into: tiles-d16 (tiles without the D = 32/64 choices, ~6.5 min), tiles-min (the packed
 # form's GPU tests and the encoder step alone, ~4 min).
-# 2026-12-05 (sixth session): the H200 refused five times; a call naming nvidia-h200 got an H100, which ran tiles,
+# 2026-12-05 (sixth session): the H200 refused six times; a call naming nvidia-h200 got an H100, which ran tiles,
 # verify and the table (results/h100/, results/README.md). On the H200 still, in order: tiles (or tiles-min),
 # each now also measuring notebook 02's roofline peaks (measurements.roofline_peaks: its 790 TFLOP/s has no
 # record), then small_defaults and defaults-verify; tsp100-finish; rl4co-and-suite.
