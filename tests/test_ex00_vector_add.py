@@ -8,8 +8,6 @@ placed at the start of larger buffers, so that a load or store past the end of a
 reported by name instead of corrupting memory (Triton's interpreter reads and writes the
 addresses it computes: a store past the end of an output aborts the whole pytest process)."""
 
-import inspect
-import math
 import warnings
 
 import pytest
@@ -18,6 +16,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from flashlab.vector_add import vector_add as package_vector_add
+from tests.padded_launch import PaddedLaunch, bind, run_padded
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # what the buffers hold after each tensor: a load past the end of x and y adds inf + (−inf) = NaN,
@@ -26,41 +25,18 @@ PAST_THE_END = {"x_ptr": float("inf"), "y_ptr": -float("inf")}
 UNWRITTEN = 7.0
 
 
-class PaddedLaunch:
-    """``add_kernel`` as the tests launch it: ``PaddedLaunch(kernel)[grid](x, y, out, n, BLOCK=…)``
-    runs ``kernel`` on copies of x, y and out at the start of larger buffers (+inf after x, −inf
-    after y, 7.0 after out), copies them back, and fails if the kernel stored past the end of a
-    tensor or loaded past the end of x and y. ``kernel_for`` passes it through unchanged."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _launch_padded(self.kernel, grid, args, kwargs)
-
-
 def _launch_padded(kernel, grid, args, kwargs):
-    names = list(inspect.signature(kernel.fn).parameters)
-    bound = {**dict(zip(names, args)), **kwargs}
-    ints = [v for v in bound.values() if isinstance(v, int) and not isinstance(v, bool)] or [1]
-    programs = math.prod(grid(bound) if callable(grid) else grid)
-    reach = (programs + 1) * max(ints)          # past this, no offset program_id · BLOCK + arange(BLOCK) lands
-    copies = {}
-    for name, t in bound.items():
-        if isinstance(t, torch.Tensor):
-            span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-            buffer = torch.full((span + reach,), PAST_THE_END.get(name, UNWRITTEN), dtype=t.dtype, device=t.device)
-            inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
-            inside.as_strided(t.shape, t.stride()).fill_(True)
-            copies[name] = (t, buffer, inside, buffer.as_strided(t.shape, t.stride()).copy_(t))
+    """add_kernel on copies of x, y and out at the start of larger buffers (+inf after x, −inf after
+    y, 7.0 after out), copied back; fails if it stored past the end of a tensor or loaded past the
+    end of x and y."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kernel[grid](*[copies[n][3] if n in copies else a for n, a in zip(names, args)],
-                     **{n: copies[n][3] if n in copies else a for n, a in kwargs.items()})
+        copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, UNWRITTEN))
+    bound = bind(kernel, grid, args, kwargs)[1]
     problems = []
-    for name, (t, buffer, inside, copy) in copies.items():
+    for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)
-        written = (buffer[~inside] != PAST_THE_END.get(name, UNWRITTEN)).sum().item()
+        written = (buffer[~inside] != fill).sum().item()
         if written:
             problems.append(
                 f"add_kernel stored {written} elements past the end of {name.removesuffix('_ptr')} "
@@ -77,7 +53,7 @@ def _launch_padded(kernel, grid, args, kwargs):
 @pytest.fixture
 def exercise(exercise, monkeypatch):
     """conftest.py's `exercise`, with add_kernel launched through `PaddedLaunch`."""
-    monkeypatch.setattr(exercise, "add_kernel", PaddedLaunch(exercise.add_kernel))
+    monkeypatch.setattr(exercise, "add_kernel", PaddedLaunch(exercise.add_kernel, _launch_padded))
     return exercise
 
 

@@ -8,8 +8,6 @@ placed in larger buffers, so that a load or store outside a tensor is reported b
 of corrupting memory (Triton's interpreter reads and writes the addresses it computes: a store
 past the end of y aborts the whole pytest process)."""
 
-import inspect
-import math
 
 import pytest
 import torch
@@ -17,33 +15,19 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from flashlab import assert_close
+from tests.padded_launch import PaddedLaunch, bind, run_padded
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OUTSIDE_X = 1e4     # around x's rows: read there, it becomes the row max and every real column gives 0
 UNWRITTEN = 7.0     # around y's rows: a value no store writes
 
 
-class PaddedLaunch:
-    """``softmax_kernel`` as the tests launch it: ``PaddedLaunch(kernel)[grid](x, y, n_cols,
-    x_row_stride, y_row_stride, BLOCK=…)`` runs ``kernel`` on copies of x and y in larger buffers
-    (10⁴ around x's elements, 7.0 around y's), copies them back, and fails if a row stride passed
-    is not its tensor's, if the kernel stored outside y, or if it loaded outside x: a row max of
-    10⁴ zeroes a row of y, and a second run with −inf around x gives another y. ``kernel_for``
-    passes it through unchanged."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _launch_padded(self.kernel, grid, args, kwargs)
-
-
 def _launch_padded(kernel, grid, args, kwargs):
-    names = list(inspect.signature(kernel.fn).parameters)
-    bound = {**dict(zip(names, args)), **kwargs}
-    ints = [v for v in bound.values() if isinstance(v, int) and not isinstance(v, bool)] or [1]
-    programs = math.prod(grid(bound) if callable(grid) else grid)
-    reach = (programs + 1) * max(ints)          # past this, no row · stride + arange(BLOCK) lands
+    """softmax_kernel on copies of x and y in larger buffers (10⁴ around x's elements, 7.0 around
+    y's), copied back; fails if a row stride passed is not its tensor's, if the kernel stored
+    outside y, or if it loaded outside x: a row max of 10⁴ zeroes a row of y, and a second run with
+    −inf around x gives another y."""
+    bound = bind(kernel, grid, args, kwargs)[1]
     problems = []
     for tensor, stride in (("x_ptr", "x_row_stride"), ("y_ptr", "y_row_stride")):
         t, passed = bound.get(tensor), bound.get(stride)
@@ -52,18 +36,7 @@ def _launch_padded(kernel, grid, args, kwargs):
                             f"apart: pass each tensor's own row stride, {tensor[0]}.stride(0)")
 
     def run(around_x):
-        copies = {}
-        for name, t in bound.items():
-            if isinstance(t, torch.Tensor):
-                fill = around_x if name == "x_ptr" else UNWRITTEN
-                span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-                buffer = torch.full((span + reach,), fill, dtype=t.dtype, device=t.device)
-                inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
-                inside.as_strided(t.shape, t.stride()).fill_(True)
-                copies[name] = (t, fill, buffer, inside, buffer.as_strided(t.shape, t.stride()).copy_(t))
-        kernel[grid](*[copies[n][4] if n in copies else a for n, a in zip(names, args)],
-                     **{n: copies[n][4] if n in copies else a for n, a in kwargs.items()})
-        return copies
+        return run_padded(kernel, grid, args, kwargs, lambda name: around_x if name == "x_ptr" else UNWRITTEN)
 
     copies = run(OUTSIDE_X)
     for name, (t, fill, buffer, inside, copy) in copies.items():
@@ -97,7 +70,7 @@ def _read_outside_x(copies, run) -> bool:
 @pytest.fixture
 def exercise(exercise, monkeypatch):
     """conftest.py's `exercise`, with softmax_kernel launched through `PaddedLaunch`."""
-    monkeypatch.setattr(exercise, "softmax_kernel", PaddedLaunch(exercise.softmax_kernel))
+    monkeypatch.setattr(exercise, "softmax_kernel", PaddedLaunch(exercise.softmax_kernel, _launch_padded))
     return exercise
 
 
