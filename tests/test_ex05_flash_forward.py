@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 from tests.hints import known_mistake

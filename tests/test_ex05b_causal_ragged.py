@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 

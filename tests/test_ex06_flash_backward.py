@@ -9,7 +9,6 @@ import tokenize
 import pytest
 import torch
 
-import flashlab  # noqa: F401  (sets up the interpreter before the kernel is defined)
 from flashlab import assert_close, reference_attention, reference_gradients
 from flashlab.reference import reference_logsumexp, rel_error
 from tests.hints import known_mistake
