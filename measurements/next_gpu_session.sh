@@ -298,6 +298,19 @@ elif [ "$phase" = tiles ]; then
   mkdir -p "$out/d32_d64"
   timeout 150 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
     --choice-n 100 50 20 --budget-s 120 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
+  # kept on the machine (runs/ is git-ignored, so a warm machine keeps it) for defaults-from-tiles, the next call
+  rm -rf runs/tiles && mkdir -p runs/tiles && cp "$out/small_graphs.json" runs/tiles/d16.json
+  cp "$out/d32_d64/small_graphs.json" runs/tiles/d32_d64.json
+elif [ "$phase" = defaults-from-tiles ]; then
+  # 2026-12-06: straight after tiles on the same warm machine (the idle release is 30 s, too short to
+  # compute the defaults here and send them): the GPU's measured launches from the stop-31 record and
+  # tiles' two, written where flashlab reads them, then defaults-verify's checks and timings with them
+  python -m measurements.small_defaults results/h200/small_graphs_choices.json runs/tiles/d16.json \
+    runs/tiles/d32_d64.json || exit 1
+  cp flashlab/tuned/small_path/*.json "$out/"
+  small_path_suite 80
+  timeout 250 python -m measurements.small_graphs "$out" --sections correctness table tsp_encoder --budget-s 200 \
+    > "$out/small_graphs.log" 2>&1; tail -n 16 "$out/small_graphs.log"
 elif [ "$phase" = tiles-d16 ]; then
   # 2026-12-05 (fifth session): tiles without the D = 32/64 choices, for a budget that refusals ate into
   roofline_peaks
