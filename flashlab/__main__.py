@@ -122,14 +122,26 @@ def _config_from(args, config):
     return dataclasses.replace(config, **{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
 
 
-def _check_output_file(option: str, path, create_directory: bool = False) -> None:
+def _check_output_file(option: str, path, create_directory: bool = False, overwrite: bool = False,
+                       reading: dict | None = None) -> None:
     """An output file must be writable before any work starts: its directory must exist (or,
-    with ``create_directory``, be created now) and accept a new file."""
+    with ``create_directory``, be created now) and accept a new file. An existing file is
+    replaced only with ``--overwrite``, and never when it is one of the files the command reads
+    (``reading``: option → path): export-tsp --out once replaced the training state it exported
+    from, and eval-tsp --save-tours wrote its tours over whatever file it was given."""
     if path is None:
         return
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option}: {path} is a directory; give a file name.")
+    if target.exists():
+        for source_option, source in (reading or {}).items():
+            if source is not None and Path(source).exists() and target.samefile(source):
+                raise UsageError(f"{option}: {path} is the file {source_option} reads, and writing it would destroy "
+                                 f"it; give another file name.")
+        if not overwrite:
+            raise UsageError(f"{option}: {path} exists already; give a new file name, or add --overwrite to replace "
+                             f"it.")
     directory = target.resolve().parent
     if not directory.is_dir() and not create_directory:
         raise UsageError(f"{option}: the directory {directory} does not exist; create it or give another path.")
@@ -181,10 +193,11 @@ def _softmax_options(p) -> None:
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16",
                    help="element type (default float16)")
     p.add_argument("--out", help="write the results as JSON to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused otherwise)")
 
 
 def _bench_softmax(args) -> None:
-    _check_output_file("--out", args.out, create_directory=True)
+    _check_output_file("--out", args.out, create_directory=True, overwrite=args.overwrite)
     _sizes_for_this_machine("bench-softmax", args)
     from .benchmarks.softmax import benchmark_softmax
     from .recorded import environment
@@ -221,10 +234,11 @@ def _attention_bench_options(p) -> None:
     p.add_argument("--rep-ms", type=POSITIVE, default=100,
                    help="measuring time per measurement (default 100; on a CPU at least 5 calls, each timed)")
     p.add_argument("--out", help="write the results as JSON to this file (rewritten after every row)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (refused otherwise)")
 
 
 def _bench_attention(args) -> None:
-    _check_output_file("--out", args.out, create_directory=True)
+    _check_output_file("--out", args.out, create_directory=True, overwrite=args.overwrite)
     _sizes_for_this_machine("bench", args)
     from . import autotune
     from .benchmarks.attention import benchmark_attention
@@ -288,7 +302,8 @@ def _tsp_train_options(p) -> None:
 
 
 # Settings of the machine and the terminal, not of the run: on resume they keep this invocation's
-# value (a run trained with --device cuda may be resumed on another machine).
+# value (a run trained with --device cuda may be resumed on another machine). Two more follow the
+# machine where no GPU runs (`_adopt_from_checkpoint`): compile reduce-overhead, and attention flashlab.
 _NOT_ADOPTED = {"resume", "device", "progress"}
 
 
@@ -318,6 +333,11 @@ def _adopt_from_checkpoint(args, task, run, kind):
             del adopt["compile"]
             changed.append(f"compile reduce-overhead → {config.compile}, as reduce-overhead replays CUDA graphs "
                            f"and {why}")
+        if adopt.get("attention") == "flashlab" and why:
+            # a GPU run's kernels, on a CPU, would run in Triton's interpreter: hours for a few steps
+            del adopt["attention"]
+            changed.append(f"attention flashlab → {config.attention} (sdpa here), as {why} and flashlab's kernels "
+                           f"would run in Triton's interpreter; give --attention flashlab to keep them")
         configs.append(dataclasses.replace(config, **adopt))
     step = saved.state.get("step") if isinstance(saved.state, dict) else None
     if isinstance(step, int) and configs[1].steps <= step:
@@ -340,10 +360,12 @@ def _output_notes(args, run, resumed_step) -> list[str]:
     out = Path(run.out_dir)
     last = out / "checkpoint_last.pt"
     if not run.resume:
-        held = next((f.name for f in (last, out / "metrics.csv") if f.exists()), None)
-        if held:
-            raise UsageError(f"--out-dir: {out} holds a run already ({held}); continue it with --resume {last}, or "
-                             f"give another --out-dir (or delete that one first).")
+        if last.exists():
+            raise UsageError(f"--out-dir: {out} holds a run already ({last.name}); continue it with --resume {last}, "
+                             f"or give another --out-dir (or delete that one first).")
+        if (out / "metrics.csv").exists():       # a run stopped before its first checkpoint: nothing to resume
+            raise UsageError(f"--out-dir: {out} holds a run already (metrics.csv, no checkpoint to resume from); "
+                             f"give another --out-dir, or delete that one first.")
         return []
     resume = Path(run.resume)
     if "out_dir" not in args.given and resume.resolve().parent != out.resolve():
@@ -466,6 +488,7 @@ def _eval_tsp_options(p) -> None:
                    help="test-set seed, 0 ≤ seed < 2^64 as torch.manual_seed takes it (default 1234567891)")
     p.add_argument("--save-tours", help="write the test seed, tours and lengths to this .npz file "
                                            "(flashlab.tsp.load_tours reads it)")
+    p.add_argument("--overwrite", action="store_true", help="replace --save-tours if it exists (refused otherwise)")
     p.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
                    help="auto: flashlab on a GPU (compiled), SDPA on a CPU (the kernels would run in Triton's "
                         "interpreter: hours for 10,000 instances)")
@@ -473,7 +496,8 @@ def _eval_tsp_options(p) -> None:
 
 def _eval_tsp(args) -> None:
     _existing_file("--checkpoint", args.checkpoint)
-    _check_output_file("--save-tours", args.save_tours)
+    _check_output_file("--save-tours", args.save_tours, overwrite=args.overwrite,
+                       reading={"--checkpoint": args.checkpoint})
 
     from .model import ATTENTION
     from .train import default_attention
@@ -514,11 +538,13 @@ def _export_tsp_options(p) -> None:
     p.add_argument("--checkpoint", required=True,
                    help="a tsp-training-state checkpoint (OUT_DIR/checkpoint_last.pt or checkpoint_<step>.pt)")
     p.add_argument("--out", required=True, help="where to write the policy (am_tspN.pt, as eval-tsp loads it)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it exists (refused otherwise; never the --checkpoint read)")
 
 
 def _export_tsp_command(args) -> None:
     _existing_file("--checkpoint", args.checkpoint)
-    _check_output_file("--out", args.out)
+    _check_output_file("--out", args.out, overwrite=args.overwrite, reading={"--checkpoint": args.checkpoint})
     from .tsp_train import export_policy
 
     trainer = export_policy(args.checkpoint, args.out)

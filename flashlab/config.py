@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import typing
 from dataclasses import field
 
 
@@ -61,12 +62,18 @@ def describe_range(meta) -> str:
 
 
 def field_kind(f) -> type:
-    """The Python type a field holds (int, float, bool or str; ``X | None`` → X)."""
-    text = str(f.type).replace(" ", "")
-    for name, kind in (("bool", bool), ("int", int), ("float", float)):
-        if text in (name, f"{name}|None"):
-            return kind
-    return str
+    """The Python type a field holds (int, float, bool or str; ``X | None`` → X). The annotation
+    is a string in a module with ``from __future__ import annotations`` and the type itself in
+    one without: both are read."""
+    annotation = f.type
+    if isinstance(annotation, str):
+        text = annotation.replace(" ", "")
+        for name, kind in (("bool", bool), ("int", int), ("float", float)):
+            if text in (name, f"{name}|None", f"Optional[{name}]", f"typing.Optional[{name}]"):
+                return kind
+        return str
+    held = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return held[0] if len(held) == 1 and held[0] in (bool, int, float) else str
 
 
 def check_value(f, value) -> None:

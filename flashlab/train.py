@@ -94,7 +94,9 @@ class RunConfig:
                                     "loss or gradient norm; 0 = never stop (skip and count only)", low=0)
     time_limit_min: float = option(0.0, "stop once training has taken this many minutes, counted across resumes; "
                                         "0 = no limit", low=0)
-    seed: int = option(0, "seed of the initial weights and of every batch", low=0,
+    # below 2^31: step s's batch comes from seed·1,000,003 + s, which must stay a 64-bit generator seed, and
+    # the TSP trainer's evaluation set from −(seed + 1) mod 2^31, distinct for every such seed
+    seed: int = option(0, "seed of the initial weights and of every batch", low=0, high=2**31 - 1,
                        on_resume="fixed")
     device: str = option("auto", "auto: cuda when a GPU is visible, else cpu", choices=("auto", "cpu", "cuda"))
     out_dir: str | None = option(None, "directory for metrics.csv and checkpoints (created if missing)")
@@ -207,18 +209,20 @@ class StoppedAtOnce(KeyboardInterrupt):
     step to end: the step is cut where it was and nothing is saved (a later ``--resume`` starts from
     the last checkpoint written before)."""
 
-    def __init__(self, signal_name: str):
-        self.signal_name = signal_name
-        super().__init__(f"stopped at once by a second {signal_name}, mid-step: nothing saved since the last "
-                         "checkpoint")
+    def __init__(self, signal_name: str, last_saved: Path | None = None):
+        self.signal_name, self.last_saved = signal_name, last_saved
+        where = (f"nothing saved since {last_saved}; continue with --resume {last_saved}" if last_saved
+                 else "nothing saved (this run had written no checkpoint yet)")
+        super().__init__(f"stopped at once by a second {signal_name}, mid-step: {where}")
 
 
 @contextlib.contextmanager
-def _stop_between_steps(enabled: bool):
+def _stop_between_steps(enabled: bool, last_saved=lambda: None):
     """While `fit` runs: the first SIGINT or SIGTERM asks the loop to stop after the step it is
     in (a step cut in half leaves the model and optimizer half-updated, nothing to save); a second
     one, of either kind, interrupts at once (`StoppedAtOnce`). Yields the list the handler appends
-    the signal to. Only in one process's main thread: Python handles signals there alone, and
+    the signal to; ``last_saved()`` names the checkpoint a later ``--resume`` would start from. Only in
+    one process's main thread: Python handles signals there alone, and
     ranks of a distributed run would stop at different steps and wait for each other forever."""
     requested: list[int] = []
     if not enabled:
@@ -227,7 +231,7 @@ def _stop_between_steps(enabled: bool):
 
     def handler(signum, frame):
         if requested:               # asked twice: whoever sent it does not want to wait for the step
-            raise StoppedAtOnce(signal.Signals(signum).name)
+            raise StoppedAtOnce(signal.Signals(signum).name, last_saved())
         # said at once: the step (or an epoch's baseline rollout) may take a while
         print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
               "(a second Ctrl-C or SIGTERM stops at once without saving)", file=sys.stderr, flush=True)
@@ -437,10 +441,12 @@ class Trainer:
         self.step += 1
         # max_bad_steps: the number of consecutive skipped steps that stops the run; 0 turns the stop off
         if run.max_bad_steps and self.bad_in_a_row >= run.max_bad_steps:
+            advice = (f"Lower lr, use bf16-mixed instead of {run.precision}, or check the data"
+                      if run.precision in ("16-true", "16-mixed") else "Lower lr or check the data")
             raise TrainingDiverged(
                 f"{self.bad_in_a_row} consecutive steps had a non-finite loss or gradient norm (last: step "
-                f"{self.step - 1}, loss {loss_value}, grad norm {grad_norm.item()}). Lower lr, use bf16-mixed instead "
-                f"of 16-true/16-mixed, or check the data; max_bad_steps={run.max_bad_steps} set this limit.")
+                f"{self.step - 1}, loss {loss_value}, grad norm {grad_norm.item()}). {advice}; "
+                f"max_bad_steps={run.max_bad_steps} set this limit.")
         return metrics
 
     # ---------------------------------------------------------------- the loop
@@ -456,7 +462,11 @@ class Trainer:
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
         rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")
-        with _stop_between_steps(self.world == 1 and threading.current_thread() is threading.main_thread()) as stop:
+        def last_saved():
+            return out / "checkpoint_last.pt" if out and (out / "checkpoint_last.pt").is_file() else None
+
+        with _stop_between_steps(self.world == 1 and threading.current_thread() is threading.main_thread(),
+                                 last_saved) as stop:
             self._fit_steps(run, out, bar, rate_label, stop)
         bar.close()
         if out:

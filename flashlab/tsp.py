@@ -232,12 +232,17 @@ def save_tours(path, seed: int, tours: torch.Tensor, lengths: torch.Tensor) -> N
     `random_instances(instances, n, seed)` again on any machine (drawn on the CPU's generator),
     and float32 coordinates would be most of the file (8 MB at 10,000 × 100 cities) and do not
     compress. Tours are stored in the smallest unsigned integer type that holds a city index."""
+    import io
+
     import numpy as np
+
+    from .checkpoint import write_atomically
     n = tours.shape[1]
     index_type = np.uint8 if n <= 256 else np.uint16 if n <= 65536 else np.int64
-    with open(path, "wb") as f:          # this path exactly (given a name, numpy would add ".npz")
-        np.savez_compressed(f, seed=np.uint64(seed), tours=tours.cpu().numpy().astype(index_type),
-                            lengths=lengths.float().cpu().numpy())
+    data = io.BytesIO()                  # to this path exactly (given a name, numpy would add ".npz")
+    np.savez_compressed(data, seed=np.uint64(seed), tours=tours.cpu().numpy().astype(index_type),
+                        lengths=lengths.float().cpu().numpy())
+    write_atomically(path, data.getvalue())   # a kill mid-write leaves the old file or the new one
 
 
 def load_tours(path) -> dict:

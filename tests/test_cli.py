@@ -110,6 +110,10 @@ BAD = [
      "--checkpoint: /nonexistent.pt does not exist"),
     (["export-tsp", "--checkpoint", TSP_MODEL, "--out", "/tmp/flashlab-export-test.pt"],
      "--checkpoint: " + TSP_MODEL + " is a tsp-model checkpoint"),
+    # batches come from seed·1,000,003 + step, a 64-bit generator seed: a larger seed was a traceback
+    (["train", "--seed", "99999999999999999999999"],
+     "--seed: 99999999999999999999999 is out of range; give a value in [0, 2147483647]"),
+    (["train-tsp", "--seed", "2147483648"], "--seed: 2147483648 is out of range; give a value in [0, 2147483647]"),
     ([], "the following arguments are required: command"),
     (["trian"], "invalid choice: 'trian'"),
     (["train", "--n-head", "4"], "train: error: unrecognized arguments: --n-head"),    # no abbreviations
@@ -235,6 +239,13 @@ def test_where_a_run_writes_is_said_and_a_run_is_never_overwritten_silently(tmp_
     assert f"--out-dir: {run} holds a run already (checkpoint_last.pt); continue it with --resume" in captured.err
     assert (run / "metrics.csv").read_text() == before
 
+    stopped = tmp_path / "stopped"             # a run stopped before its first checkpoint: no resume to suggest
+    stopped.mkdir()
+    (stopped / "metrics.csv").write_text(before)
+    code, captured = _run([*TINY_LM, "--steps", "2", "--out-dir", str(stopped)], capsys)
+    assert code == 2 and captured.err.count("\n") == 1 and "--resume" not in captured.err, captured.err
+    assert f"--out-dir: {stopped} holds a run already (metrics.csv, no checkpoint to resume from)" in captured.err
+
     shutil.copytree(run, copy)
     code, captured = _run(["train", "--resume", str(copy / "checkpoint_2.pt"), "--steps", "5", "--no-progress"],
                           capsys)
@@ -329,8 +340,16 @@ def test_a_second_sigterm_stops_the_step_at_once_without_saving(tmp_path, capsys
     assert code == 128 + signal.SIGTERM.value and steps_after_the_second == [], captured.err
     lines = captured.err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("SIGTERM: stopping after the current step"), captured.err
-    assert "stopped at once by a second SIGTERM, mid-step: nothing saved" in lines[1]
+    assert lines[1].endswith("stopped at once by a second SIGTERM, mid-step: nothing saved (this run had written "
+                             "no checkpoint yet)"), lines[1]
     assert not (out / "checkpoint_last.pt").exists() and not (out / "am_tsp5.pt").exists()
+
+    # with a checkpoint every step, the line names the one a resume starts from (the last written before)
+    saved = tmp_path / "saved"
+    code, captured = _run([*TINY_TSP, "--steps", "50", "--out-dir", str(saved), "--checkpoint-every", "1"], capsys)
+    last = saved / "checkpoint_last.pt"
+    assert code == 128 + signal.SIGTERM.value
+    assert captured.err.splitlines()[1].endswith(f"nothing saved since {last}; continue with --resume {last}")
 
 
 def test_tune_is_listed_with_the_commands():
@@ -353,6 +372,39 @@ def test_export_tsp_writes_the_policy_of_a_training_state(tmp_path, capsys):
     code, captured = _run(["export-tsp", "--checkpoint", str(policy), "--out", str(tmp_path / "x.pt")], capsys)
     assert code == 2 and captured.err.count("\n") == 1 and "--checkpoint: " in captured.err
     assert "tsp-training-state" in captured.err
+
+
+def test_an_existing_output_file_is_replaced_only_with_overwrite(tmp_path, capsys):
+    """A practitioner's trial: export-tsp --out given its own --checkpoint replaced the run's
+    training state with the policy (resume then refused it), and eval-tsp --save-tours README.md
+    wrote a zip over the README. An existing file is now refused in one line, untouched, unless
+    --overwrite is given; the file a command reads is refused even then."""
+    import shutil
+
+    from flashlab import checkpoint
+    from flashlab.tsp import load_tours
+    state = tmp_path / "state.pt"
+    shutil.copyfile(TSP_STATE, state)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine")
+    for argv, option in (
+            (["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "4", "--attention", "sdpa", "--save-tours",
+              str(mine)], "--save-tours"),
+            (["export-tsp", "--checkpoint", str(state), "--out", str(mine)], "--out"),
+            (["bench-softmax", "--rows", "4", "--cols", "8", "--out", str(mine)], "--out")):
+        code, captured = _run(argv, capsys)
+        assert code == 2 and captured.err.count("\n") == 1, captured.err
+        assert captured.err.endswith(f"{option}: {mine} exists already; give a new file name, or add --overwrite to "
+                                     f"replace it.\n"), captured.err
+        assert mine.read_text() == "mine"
+    for flags in ([], ["--overwrite"]):
+        code, captured = _run(["export-tsp", "--checkpoint", str(state), "--out", str(state), *flags], capsys)
+        assert code == 2 and f"--out: {state} is the file --checkpoint reads" in captured.err, captured.err
+    assert checkpoint.load(state).kind == "tsp-training-state"
+    assert main(["eval-tsp", "--checkpoint", TSP_MODEL, "--instances", "4", "--attention", "sdpa", "--save-tours",
+                 str(mine), "--overwrite"]) == 0
+    assert load_tours(mine)["tours"].shape == (4, 20)
+    assert not list(tmp_path.glob(".*.tmp"))                    # written through a temporary file, renamed
 
 
 def test_keep_checkpoints_prunes_the_oldest(tmp_path, capsys):
@@ -390,22 +442,33 @@ def test_a_refused_run_leaves_no_directory_behind(tmp_path, capsys):
 
 def test_a_gpu_runs_cuda_graphs_are_not_taken_on_a_cpu_resume(tmp_path, capsys):
     """--compile reduce-overhead is GPU only: resuming such a run on a CPU (the shipped TSP50
-    state) takes the machine's setting, as for --device, and says so; export-tsp rebuilds it on
-    the CPU and records how the run was compiled."""
+    state) takes the machine's setting, as for --device, and says so; so does attention flashlab,
+    whose kernels a CPU runs in Triton's interpreter (a practitioner's resume of the shipped TSP50
+    state finished no step in 8.5 minutes). export-tsp rebuilds it on the CPU and records how
+    the run was compiled."""
     from flashlab import checkpoint
     from flashlab.tsp import load_model
 
     out = tmp_path / "run"
     assert main([*TINY_TSP, "--steps", "2", "--out-dir", str(out)]) == 0
     last = out / "checkpoint_last.pt"
-    saved = checkpoint.load(last)                   # as if trained on a GPU with CUDA graphs
+    saved = checkpoint.load(last)                   # as if trained on a GPU with CUDA graphs and the kernels
     saved.config["run"]["compile"] = "reduce-overhead"
+    saved.config["task"]["attention"] = "flashlab"
     checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
     capsys.readouterr()
     assert main(["train-tsp", "--resume", str(last), "--steps", "3", "--device", "cpu", "--no-progress"]) == 0
     said = capsys.readouterr().out
-    assert ("resume: changed from the checkpoint: compile reduce-overhead → off, as reduce-overhead replays CUDA "
-            "graphs and the device is cpu") in said and "steps 3," in said and "compiled" not in said, said
+    assert ("resume: changed from the checkpoint: attention flashlab → auto (sdpa here), as the device is cpu and "
+            "flashlab's kernels would run in Triton's interpreter; give --attention flashlab to keep them; "
+            "compile reduce-overhead → off, as reduce-overhead replays CUDA graphs and the device is cpu") in said
+    assert "steps 3," in said and "compiled" not in said, said
+    assert checkpoint.load(last).config["task"]["attention"] == "sdpa"
+    # given on the command line, the kernels stay (interpreted: one step of TSP5)
+    assert main(["train-tsp", "--resume", str(last), "--steps", "4", "--device", "cpu", "--no-progress",
+                 "--attention", "flashlab"]) == 0
+    assert capsys.readouterr().out.startswith("resume: changed from the checkpoint: attention sdpa → flashlab\n")
+    assert checkpoint.load(last).config["task"]["attention"] == "flashlab"
     saved.config["run"]["compile"] = "reduce-overhead"
     checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
     assert main(["export-tsp", "--checkpoint", str(last), "--out", str(tmp_path / "am.pt")]) == 0

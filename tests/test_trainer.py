@@ -275,6 +275,35 @@ def test_clear_errors():
         Trainer(RUN, TASK)
 
 
+def test_a_config_is_checked_by_type_with_or_without_postponed_annotations():
+    """A practitioner's own config, in a module without ``from __future__ import annotations``,
+    holds the types themselves, not their names: every field used to be taken for a string
+    ("dim: 8 is not a string")."""
+    import dataclasses
+
+    from flashlab.config import ConfigError, check_fields, field_kind, option
+    fields = [("dim", int, option(8, "a width", low=1)), ("rate", float, option(0.5, "a rate", low=0)),
+              ("flag", bool, option(False, "a switch")), ("name", str, option("x", "a name")),
+              ("limit", int | None, option(None, "a bound", low=0))]
+    for annotate in (lambda kind: kind, lambda kind: getattr(kind, "__name__", None) or str(kind)):
+        config = dataclasses.make_dataclass("Mine", [(name, annotate(kind), f) for name, kind, f in fields])
+        assert [field_kind(f) for f in dataclasses.fields(config)] == [int, float, bool, str, int]
+        check_fields(config())
+        with pytest.raises(ConfigError, match="^dim: '8' is not an integer"):
+            check_fields(config(dim="8"))
+        with pytest.raises(ConfigError, match="^limit: -1 is out of range"):
+            check_fields(config(limit=-1))
+
+
+def test_the_divergence_message_suggests_bf16_only_to_fp16_runs():
+    for precision, advice in (("32-true", "Lower lr or check the data;"),
+                              ("16-mixed", "Lower lr, use bf16-mixed instead of 16-mixed, or check the data;")):
+        trainer = _NaNAt(*tiny(steps=20, max_bad_steps=2, precision=precision))
+        trainer.always_from = 0
+        with pytest.raises(TrainingDiverged, match=advice):
+            trainer.fit()
+
+
 def _ddp_worker(rank, world, port, config, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
