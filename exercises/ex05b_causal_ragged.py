@@ -29,8 +29,11 @@ def flash_forward_kernel(Q, K, V, O, L, n_q, n_k, scale, HEAD_DIM: tl.constexpr,
     - Load with ``mask=…, other=0.0``; store only rows < Nq.
     - Scores of keys ≥ Nk (and, causal, of keys j > i) are −inf before the row max.
     - Causal: the loop over key blocks stops at ``min(Nk, (start_m + 1)·BLOCK_M)``.
-    - A padded query row (≥ Nq) has no valid key: keep it finite (use 0 in place of a −inf
-      max, and 1 in place of a zero sum) — it is never stored, but NaN must not leak.
+    - Every row sees at least key 0, padded query rows (≥ Nq) included: Q loads as 0 there, so
+      their scores are 0 and their max finite, and they are never stored. So no guard is needed
+      here against a −inf max or a zero sum; a kernel where a row can see no key at all (a
+      sliding window, bottom-right causal with Nq > Nk) needs one: 0 in place of a −inf max
+      (−inf − (−inf) is NaN) and 1 in place of a zero sum.
     """
     pass
 

@@ -15,7 +15,7 @@ three safeguards:
 The package's tuner (`flashlab.autotune.Autotuner._tune`) measures; this function, the same
 as `flashlab.autotune.decide`, decides.
 
-Test: ``pytest tests/test_ex07_autotuner.py``
+Test: ``make test-ex EX=07`` (or ``.venv/bin/python -m pytest tests/test_ex07_autotuner.py``)
 """
 
 

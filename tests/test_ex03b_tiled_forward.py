@@ -77,6 +77,32 @@ def test_matches_reference(exercise, Nq, Nk, D, is_causal):
     assert_close(lse, torch.logsumexp(scores, -1), what="lse")
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rows_of_very_negative_scores(exercise, is_causal):
+    """In about half of the rows every score is below −120 (q's first feature an integer 25–40,
+    k's −28 to −32): e^S underflows fp32 there (below ≈ −103), so the running max must start at
+    −inf; one started at 0 stays 0, e^(S − 0) = 0 for every key and O = 0/0 = NaN. Scores of size
+    200 lose about 2e-5 to fp32 rounding in S − m, hence the wider tolerance."""
+    n_q, n_k, d = 40, 70, 16
+    q = torch.randn(1, 2, n_q, d)
+    k, v = torch.randn(1, 2, n_k, d), torch.randn(1, 2, n_k, d)
+    rows = torch.rand(1, 2, n_q) < 0.5
+    rows[..., torch.randint(0, n_q, ())] = True
+    q[..., 0] = torch.where(rows, torch.randint(25, 41, (1, 2, n_q)).float(), q[..., 0])
+    k[..., 0] = -torch.randint(28, 33, (1, 2, n_k)).float()
+    largest = (q @ k.transpose(-1, -2) * d ** -0.5).amax(-1)[rows].max().item()
+    assert largest < -120, f"test inputs: a chosen row's largest score {largest:.0f} is not far below 0"
+    out, _ = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, block_m=16, block_n=32)
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=1e-4)
+    except AssertionError as error:
+        hint = ("\nhint: NaN or 0 in rows whose every score is far below 0: e^(S − m) underflows fp32 to 0 for "
+                "S − m below ≈ −88 (−103 with subnormals), so l = 0, unless m is the row's true running max. "
+                "Start it at −inf (torch.full(…, -torch.inf)), not at 0 (torch.zeros), and update "
+                "m' = max(m, rowmax S)") if not torch.isfinite(out).all() or (out[rows] == 0).any() else ""
+        raise AssertionError(f"{error}{hint}") from None
+
+
 def test_half_precision_inputs(exercise):
     q, k, v = (torch.randn(1, 2, 50, 16, dtype=torch.float16) for _ in range(3))
     out, lse = exercise.tiled_attention_forward(q, k, v, block_m=16, block_n=16)

@@ -20,6 +20,10 @@ LOG2E_HINT = ("\nhint: the output is softmax(S·ln 2) V, attention with its scor
               "S·log2(e) (2^(x·log2 e) = e^x), so multiply the scores by log2(e) before exp2")
 OVERFLOW_HINT = ("\nhint: inf or NaN: e^S overflows fp32 once S > ln(fp32 max) ≈ 88.7; exponentiate S − m "
                  "with m the running row max")
+MAX_INIT_HINT = ("\nhint: NaN in rows whose every score is far below 0: e^(S − m) underflows fp32 to 0 for S − m below "
+                 "≈ −88 (−103 with subnormals), so ℓ = 0 and O = 0/0, unless m is the row's true running max. Start "
+                 "it at −inf, m_i = tl.full([BLOCK_M], -float(\"inf\"), tl.float32), not at 0 (tl.zeros), and "
+                 "update m' = max(m, rowmax S)")
 
 
 def _check_lse(lse, q, k, tol):
@@ -37,16 +41,16 @@ def _check_lse(lse, q, k, tol):
         raise AssertionError(f"{error}{known_mistake(rel_error(lse, want), signatures)}") from None
 
 
-def _check_out(out, q, k, v, tol, block, scale=None):
+def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HINT):
     """assert_close of O against float64 attention, with a hint where the failure has the
-    signature of a known mistake: inf/NaN (no running max), the output of attention with the
+    signature of a known mistake: inf/NaN (``nonfinite_hint``), the output of attention with the
     scores scaled by ln 2 (exp2 without log2 e), or (N > one key block) a missing rescale."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
     except AssertionError as error:
         if not torch.isfinite(out).all():
-            hint = OVERFLOW_HINT
+            hint = nonfinite_hint
         elif rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
             hint = LOG2E_HINT
         elif k.shape[-2] > block:      # the rescale only matters from the second key block on
@@ -78,6 +82,33 @@ def test_large_scores_need_the_running_max(exercise):
     out, lse = exercise.flash_forward(q, k, v)
     _check_out(out, q, k, v, TOL[torch.float32], exercise.BLOCK)
     _check_lse(lse, q, k, TOL[torch.float32])
+
+
+def negative_rows(B, H, N, D, device):
+    """q, k, v where about half of the rows (at least one per head) have every score below −120:
+    q's first feature an integer 25–40 in those rows, k's an integer −28 to −32 (exact in fp16 and
+    TF32), so q·k/√D ≈ −170 to −330 (D = 16). Softmax does not change under the shift, but a
+    running max started at 0 makes e^(S − 0) = 0 for every key of those rows."""
+    q, k, v = (torch.randn(B, H, N, D, device=device) for _ in range(3))
+    rows = torch.rand(B, H, N, device=device) < 0.5
+    rows[..., torch.randint(0, N, ())] = True
+    q[..., 0] = torch.where(rows, torch.randint(25, 41, (B, H, N), device=device).float(), q[..., 0])
+    k[..., 0] = -torch.randint(28, 33, (B, H, N), device=device).float()
+    largest = (q @ k.transpose(-1, -2) / math.sqrt(D)).amax(-1)[rows].max().item()
+    assert largest < -120, f"test inputs: a chosen row's largest score {largest:.0f} is not far below 0"
+    return q, k, v
+
+
+def test_rows_of_very_negative_scores(exercise):
+    """Rows whose every score is below −120 (e^S underflows fp32 below ≈ −103): the running max
+    must start at −inf, so that the first block sets it to the row's max; one started at 0 stays
+    0, e^S = 0 for every key, ℓ = 0 and O = 0/0 = NaN. (Scores of size 200 lose about 2e-5 to
+    fp32 rounding in S − m, hence the wider tolerance on CPU.)"""
+    q, k, v = negative_rows(1, 2, 64, 16, DEVICE)
+    out, lse = exercise.flash_forward(q, k, v)
+    tol = 1e-4 if DEVICE == "cpu" else TF32_TOLERANCE
+    _check_out(out, q, k, v, tol, exercise.BLOCK, nonfinite_hint=MAX_INIT_HINT)
+    _check_lse(lse, q, k, tol)
 
 
 def test_scale(exercise):

@@ -1,5 +1,7 @@
 """Tests for exercise 05b (forward kernel: causal masking, skipped tiles, any N)."""
 
+import math
+
 import pytest
 import torch
 
@@ -15,6 +17,11 @@ RAGGED_HINT = ("\nhint: Nk = {n_k} is not a multiple of BLOCK_N = {block}, and t
 CAUSAL_HINT = ("\nhint: the same call without is_causal passes, so the causal part is wrong: the loop bound "
                "hi = min(Nk, (start_m + 1)·BLOCK_M) and the mask cols <= rows inside the tile "
                "(key j ≤ query i: `<=` keeps the diagonal)")
+
+MAX_INIT_HINT = ("\nhint: the same call passes with ordinary scores, and fails where every score of a row is far "
+                 "below 0: e^(S − m) underflows fp32 to 0 for S − m below ≈ −88 (−103 with subnormals), so "
+                 "ℓ = 0, unless m is the row's true running max. Start it at −inf, m_i = tl.full([BLOCK_M], "
+                 "-float(\"inf\"), tl.float32), not at 0 (tl.zeros), and update m' = max(m, rowmax S)")
 
 
 def _passes(exercise, q, k, v, is_causal, tol):
@@ -88,3 +95,29 @@ def test_each_query_block_stops_at_its_own_diagonal(exercise):
         "query block 0 read key blocks past its last query: stop at min(Nk, (start_m + 1)·BLOCK_M)"
     want = reference_attention(q[None, :, :block], k[None, :, :block], v[None, :, :block], is_causal=True)
     assert_close(out[None, :, :block], want, tol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rows_of_very_negative_scores(exercise, is_causal):
+    """Nq = 40, Nk = 70; in about half of the rows every score is below −120 (q's first feature an
+    integer 25–40, k's −28 to −32): e^S underflows fp32 there, so the running max must start at
+    −inf; one started at 0 stays 0 and gives ℓ = 0 in those rows (O = 0/0, or 0 with ℓ guarded).
+    Scores of size 200 lose about 2e-5 to fp32 rounding in S − m, hence the wider tolerance."""
+    n_q, n_k, d = 40, 70, 16
+    q = torch.randn(1, 2, n_q, d, device=DEVICE)
+    k, v = (torch.randn(1, 2, n_k, d, device=DEVICE) for _ in range(2))
+    plain = q.clone()
+    rows = torch.rand(1, 2, n_q, device=DEVICE) < 0.5
+    rows[..., torch.randint(0, n_q, ())] = True
+    q[..., 0] = torch.where(rows, torch.randint(25, 41, (1, 2, n_q), device=DEVICE).float(), q[..., 0])
+    k[..., 0] = -torch.randint(28, 33, (1, 2, n_k), device=DEVICE).float()
+    largest = (q @ k.transpose(-1, -2) / math.sqrt(d)).amax(-1)[rows].max().item()
+    assert largest < -120, f"test inputs: a chosen row's largest score {largest:.0f} is not far below 0"
+    out, lse = exercise.flash_forward(q, k, v, is_causal=is_causal)
+    tol = 1e-4 if DEVICE == "cpu" else TF32_TOLERANCE
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=tol)
+        assert_close(lse, reference_logsumexp(q, k, is_causal), tol=tol, what="lse")
+    except AssertionError as error:
+        hint = MAX_INIT_HINT if _passes(exercise, plain, k, v, is_causal, tol) else ""
+        raise AssertionError(f"{error}{hint}") from None

@@ -22,12 +22,20 @@ TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
 P_HINT = ("\nhint: dV = Pᵀ dO is wrong too, so P is: check P = exp(S·scale − L) and its masks. L here is the "
           "natural-log log-sum-exp (not the base-2 L of notebook 06's kernels); with exp2, multiply by "
           "log2(e): P = exp2((S·scale − L)·log2(e))")
+DV_SCALE_HINT = ("dQ and dK are right, so P is, and dV is exactly scale × the right dV: dV = Pᵀ dO has no softmax "
+                 "scale (it is inside P already); only dK = scale · dSᵀ Q and dQ = scale · dS K take it")
+DV_ONLY_HINT = ("dQ and dK are right, so P is: the mistake is in dV = Pᵀ dO alone (Pᵀ of each query block "
+                "times its dO, summed over the query blocks, no scale, stored where the keys are valid)")
 
 
-def _hint(what: str, err: float, head_dim: int, dv_ok: bool) -> str:
+def _hint(what: str, err: float, head_dim: int, dv_ok: bool, dq_dk_ok: bool) -> str:
     """A hint naming the mistake when the error of d{q,k,v} has its signature. With dV correct
     (P right, the mistake after it), an error of d{q,k} within 1% of 2 is a flipped dS, of √D − 1
-    a missing scale 1/√D. With dV wrong, P itself is wrong (e.g. L, natural log, used as base 2)."""
+    a missing scale 1/√D. With dQ and dK correct but dV wrong, P is right and the mistake is in dV
+    alone (an error of 1 − scale: dV multiplied by the scale). With dV wrong and dQ or dK wrong
+    too, P itself is wrong (e.g. L, natural log, used as base 2)."""
+    if what == "dv" and dq_dk_ok:
+        return known_mistake(err, [(1 - head_dim ** -0.5, DV_SCALE_HINT)]) or f"\nhint: {DV_ONLY_HINT}"
     if not dv_ok:
         return P_HINT
     signatures = []
@@ -39,13 +47,15 @@ def _hint(what: str, err: float, head_dim: int, dv_ok: bool) -> str:
 
 def _check_all(grads, wants, tol):
     """assert_close of (dq, dk, dv), with a hint when the errors have the signature of a known
-    mistake; dV's error is looked at first, since the dS hints hold only where dV is right."""
-    dv_ok = math.isfinite(rel_error(grads[2], wants[2])) and rel_error(grads[2], wants[2]) <= tol
+    mistake; every error is looked at first, since which of dQ, dK, dV are right tells where the
+    mistake is (P, dS, or dV alone)."""
+    ok = [math.isfinite(rel_error(g, w)) and rel_error(g, w) <= tol for g, w in zip(grads, wants)]
     for what, got, want in zip(("dq", "dk", "dv"), grads, wants):
         try:
             assert_close(got, want, tol=tol, what=what)
         except AssertionError as error:
-            raise AssertionError(f"{error}{_hint(what, rel_error(got, want), got.shape[-1], dv_ok)}") from None
+            hint = _hint(what, rel_error(got, want), got.shape[-1], ok[2], ok[0] and ok[1])
+            raise AssertionError(f"{error}{hint}") from None
 
 
 def _forward(q, k, v, is_causal):

@@ -58,6 +58,18 @@ def test_noise_does_not_replace_the_default(decide):
             f"faster than margin × 1.0 = {margin} ms, so {want!r} should be chosen; chose {chosen!r}")
 
 
+def test_the_margin_is_a_factor_not_an_amount(decide):
+    """margin multiplies the default's time: the bar is margin × default, whatever the scale
+    of the times (a default of 10 ms needs 0.3 ms less; one of 0.1 ms only 0.003 ms less)."""
+    for default_ms, ms, want in ((10.0, 9.8, A), (10.0, 9.6, B), (0.1, 0.08, B), (0.1, 0.098, A)):
+        chosen = decide([A, B], {A: (default_ms, 0.0), B: (ms, 0.0)}, tolerance=1e-3, margin=0.97)[0]
+        assert chosen == want, (
+            f"default a {default_ms} ms, challenger b {ms} ms, margin 0.97: b replaces the default only when "
+            f"strictly faster than margin × default = 0.97 × {default_ms} = {0.97 * default_ms:.4g} ms (a factor, "
+            f"not default − (1 − margin) = {default_ms - 0.03:.4g} ms), so {want!r} should be chosen; "
+            f"chose {chosen!r}")
+
+
 def test_without_the_default_the_fastest_wins(decide):
     """A failed or missing default: no margin to apply, the fastest accepted config wins."""
     chosen, log = decide([A, B, C], {A: "RuntimeError: boom", B: (2.0, 0.0), C: (1.99, 0.0)}, tolerance=1e-3)

@@ -108,6 +108,31 @@ def test_scaled_step_skips_on_overflow_and_keeps_small_gradients(exercise):
         f"gradients are cleared after a skipped step (zero_grad); w.grad is {w.grad.tolist()}")
 
 
+def test_scaled_step_skips_on_a_non_finite_loss(exercise):
+    """The loss itself overflows fp16 (a sum of four values of about 3·10⁴ each is past 65504:
+    inf) while every gradient stays finite (3·10⁴ · scale 1): the gradients alone do not show
+    it, so scaled_step must check the loss as well and skip the step."""
+    w = torch.nn.Parameter(1 + torch.rand(4))
+    before = w.detach().clone()
+    opt = torch.optim.SGD([w], lr=0.1)
+    state = {"scale": 1.0, "growth_tracker": 3}
+    loss = (w.half() * 3e4).sum()
+    assert not torch.isfinite(loss), "test inputs: the fp16 loss should overflow to inf"
+    stepped = exercise.scaled_step(loss, [w], opt, state)
+    moved = not torch.equal(w.detach(), before)
+    assert stepped is False and not moved, (
+        f"the loss is {loss.item()} (its fp16 sum overflowed) but every gradient is finite (3e4 · scale 1): "
+        "scaled_step must not step and must return False when the loss is inf/NaN, not only when a "
+        "gradient is (e.g. found_inf = unscale_grads_(…) or not math.isfinite(loss.item())); yours returned "
+        f"{stepped!r}" + (f" and changed w from {before.tolist()} to {w.detach().tolist()}" if moved
+                          else " (w unchanged)"))
+    assert state["scale"] == 0.5 and state["growth_tracker"] == 0, (
+        f"a skipped step counts as an overflow: the scale should halve from 1.0 to 0.5 and growth_tracker restart "
+        f"at 0; got scale {state['scale']}, growth_tracker {state['growth_tracker']}")
+    assert w.grad is None or torch.all(w.grad == 0), (
+        f"gradients are cleared after a skipped step (zero_grad); w.grad is {w.grad.tolist()}")
+
+
 def test_scaled_step_reads_the_optional_state_keys(exercise):
     """``state`` may carry its own growth_factor, growth_interval and backoff_factor; scaled_step
     must use them (passing them on to update_scale) rather than update_scale's defaults."""

@@ -91,18 +91,33 @@ def test_clips_after_unscaling(exercise):
         f"{expected:.1e} (the true norm is far larger); they moved by {moved:.3e}.{hint}")
 
 
-def test_skips_a_step_with_inf(exercise):
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_skips_a_step_with_inf(exercise, precision):
+    """An inf input makes the loss and the gradients inf/NaN: the step is skipped and reported
+    so, without a scaler (bf16-mixed: skip optimizer.step() yourself) and with one (16-mixed:
+    scaler.step skips by itself, but the result must still say skipped, and the scale backs off)."""
+    row, col = torch.randint(0, 8, ()), torch.randint(0, 16, ())     # before _setup, which seeds 0
     model, inputs, targets, opt = _setup()
-    inputs[0, 0] = float("inf")
+    inputs[row, col] = float("inf")
     before = [p.detach().clone() for p in model.parameters()]
-    result = exercise.training_step(model, inputs, targets, opt, "bf16-mixed")
+    scaler = torch.amp.GradScaler("cpu") if precision == "16-mixed" else None
+    scale = scaler.get_scale() if scaler else None
+    result = exercise.training_step(model, inputs, targets, opt, precision, scaler)
     assert result["skipped"] is True, (
-        f"an inf in the inputs makes the loss and the gradient norm inf/NaN: result['skipped'] should be True, "
-        f"got {result['skipped']!r} (check math.isfinite of the gradient norm and of the loss)")
+        f"{precision}: an inf in the inputs makes the loss and the gradient norm inf/NaN: result['skipped'] should "
+        f"be True, got {result['skipped']!r} (check math.isfinite of the gradient norm and of the loss"
+        + (", with a scaler too: scaler.step skips the update by itself, but training_step still reports it)"
+           if scaler else ")"))
     changed = [i for i, (a, b) in enumerate(zip(model.parameters(), before)) if not torch.equal(a, b)]
     assert not changed, (
-        f"a skipped step changed parameters {changed}: without a scaler, call optimizer.step() only when the "
-        "gradient norm and the loss are finite")
+        f"{precision}: a skipped step changed parameters {changed}: "
+        + ("with a scaler, step through scaler.step(optimizer), which skips when it found inf"
+           if scaler else "without a scaler, call optimizer.step() only when the gradient norm and the loss "
+                          "are finite"))
+    if scaler:
+        assert scaler.get_scale() == scale * 0.5, (
+            f"16-mixed: after an overflow the scaler's scale should back off from {scale} to {scale * 0.5} "
+            f"(call scaler.update() after scaler.step); it is {scaler.get_scale()}")
 
 
 def test_clear_errors(exercise):

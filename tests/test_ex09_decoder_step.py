@@ -65,6 +65,20 @@ def _pointer_float64(glimpse, logit_keys, visited, clip):
     return torch.log_softmax((clip * torch.tanh(u)).masked_fill(visited, -torch.inf), dim=-1)
 
 
+def _visited_not_masked(log_p, glimpse, logit_keys, visited, clip) -> str:
+    """The failure message for visited cities whose log p is not −inf, naming the mask put
+    before the tanh when log p has its signature (visited logits C·tanh(−inf) = −C)."""
+    message = (f"a visited city must get log p = −inf (probability 0); got {log_p[visited][:6].tolist()} "
+               f"for the first visited ones")
+    u = (logit_keys.double() @ glimpse.double()[:, :, None])[..., 0] / math.sqrt(glimpse.shape[-1])
+    mask_first = torch.log_softmax(clip * torch.tanh(u.masked_fill(visited, -torch.inf)), dim=-1)
+    if torch.allclose(log_p.double(), mask_first, rtol=1e-4, atol=1e-4):
+        message += (f"\nhint: that is the mask put before the tanh: tanh(−inf) = −1, so a visited city gets the "
+                    f"logit C·(−1) = −{clip}, finite, and a probability > 0. Mask after the tanh: "
+                    f"(C · tanh(u)).masked_fill(visited, −inf)")
+    return message
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,n,dim,clip", [(1, 1, 8, 10.0), (4, 20, 32, 10.0), (3, 9, 16, 2.5)])
 def test_pointer_matches_float64_and_the_package(exercise, batch, n, dim, clip, dtype):
@@ -73,7 +87,8 @@ def test_pointer_matches_float64_and_the_package(exercise, batch, n, dim, clip, 
     visited = _visited(batch, n)
     log_p = exercise.pointer_log_probs(glimpse, logit_keys, visited, clip)
     assert log_p.shape == (batch, n) and log_p.dtype == torch.float32
-    assert torch.isneginf(log_p[visited]).all(), "a visited city must get log p = −inf (probability 0)"
+    masked = bool(torch.isneginf(log_p[visited]).all())
+    assert masked, _visited_not_masked(log_p, glimpse, logit_keys, visited, clip)
     assert_close(log_p.exp().double().sum(-1), torch.ones(batch, dtype=torch.float64), dtype=torch.float32,
                  what="probabilities summed over cities")
     want = _pointer_float64(glimpse, logit_keys, visited, clip)
@@ -89,7 +104,8 @@ def test_pointer_clips_with_tanh(exercise):
     visited = torch.zeros(2, 10, dtype=torch.bool)
     log_p = exercise.pointer_log_probs(glimpse, logit_keys, visited, 3.0)
     spread = log_p.amax(-1) - log_p.amin(-1)
-    assert (spread <= 6.0 + 1e-4).all(), f"log-probabilities spread {spread.tolist()} > 2C = 6: clip with C·tanh"
+    clipped = bool((spread <= 6.0 + 1e-4).all())
+    assert clipped, f"log-probabilities spread {spread.tolist()} > 2C = 6: clip with C·tanh"
 
 
 def test_the_model_decodes_the_same_with_your_step(exercise, monkeypatch):

@@ -1,6 +1,10 @@
 """Tests for exercise 10 (the split-KV merge): any split of the keys, merged, is the whole
 row's attention; empty splits; large log-sum-exps; the inputs' dtype kept."""
 
+import inspect
+import io
+import tokenize
+
 import pytest
 import torch
 
@@ -17,6 +21,16 @@ def _split_results(scores, v, cuts):
         o_parts.append(p @ v[a:b])
         lse_parts.append(lse)
     return torch.stack(o_parts), torch.stack(lse_parts)
+
+
+def _uses_softmax(fn) -> bool:
+    """Whether fn's source calls a softmax (torch.softmax, F.softmax, .softmax)."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return any(t.type == tokenize.NAME and t.string == "softmax"
+               for t in tokenize.generate_tokens(io.StringIO(source).readline))
 
 
 def _what_is_not_finite(o, lse, row) -> str:
@@ -90,9 +104,15 @@ def test_rows_with_no_key_give_zeros(exercise):
                      "−inf − (−inf) = NaN; subtract 0 there instead of m"
                      + (" (O inherits the NaN weights; once they are 0, O = Σ w_s O_s / Σ w_s is 0/0 there: "
                         "divide by 1 where Σ_s w_s = 0)" if o_nan.any() else ""))
+        elif _uses_softmax(exercise.merge_splits):
+            cause = ("O is NaN where L is not: torch.softmax over the splits returns NaN on a row whose every "
+                     "L_s = −inf (it subtracts the row's max, −inf − (−inf) = NaN), and O inherits it. Guard those "
+                     "rows: O = 0 where L = −inf, e.g. torch.where(torch.isneginf(L)[..., None], 0.0, O)")
         else:
-            cause = ("L is not NaN, so the weights were not: every w_s = exp(−inf) = 0 there and O = Σ w_s O_s / "
-                     "Σ w_s is 0/0; divide by 1 (or leave O = 0) where Σ_s w_s = 0")
+            cause = ("O is NaN where L is not: the weights of that row are NaN or the sum is 0/0. With every "
+                     "L_s = −inf, w_s = exp(L_s − m) with m = −inf is NaN (subtract 0 there instead of m), and "
+                     "w_s = exp(−inf − 0) = 0 makes O = Σ w_s O_s / Σ w_s = 0/0 (divide by 1 where Σ_s w_s = 0); "
+                     "or set O = 0 where L = −inf")
         pytest.fail(f"rows whose every split is empty (every L_s = −inf) must give O = 0 and L = −inf, without NaN; "
                     f"row 1 has no key in any split. Got NaN in O of row(s) {o_nan.nonzero().flatten().tolist()} "
                     f"and in L of row(s) {lse_nan.nonzero().flatten().tolist()}: O = {o.tolist()}, "
