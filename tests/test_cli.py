@@ -415,9 +415,12 @@ def test_keep_checkpoints_prunes_the_oldest(tmp_path, capsys):
                  "--out-dir", str(out)]) == 0
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == [
         "checkpoint_5.pt", "checkpoint_6.pt", "checkpoint_7.pt", "checkpoint_last.pt"]
+    stale = out / ".checkpoint_6.pt.k1ll3d.tmp"     # what a kill mid-save leaves; no later save has that name
+    stale.write_bytes(b"half a checkpoint")
     assert main(["train", "--resume", str(out / "checkpoint_5.pt"), "--steps", "9", "--no-progress"]) == 0
     assert sorted(p.name for p in out.glob("checkpoint_*.pt")) == [       # the setting came with the checkpoint
         "checkpoint_7.pt", "checkpoint_8.pt", "checkpoint_9.pt", "checkpoint_last.pt"]
+    assert not stale.exists()                        # removed when the resumed run started
 
 
 def test_a_refused_run_leaves_no_directory_behind(tmp_path, capsys):
