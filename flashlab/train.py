@@ -251,7 +251,11 @@ class Trainer:
     checkpoint (`flashlab.checkpoint`: tensors and plain data, atomic, verified).
 
     This class trains the associative-recall transformer (`RecallConfig`); a task changes
-    the hooks below (`flashlab.tsp_train.TSPTrainer`)."""
+    the hooks below (`flashlab.tsp_train.TSPTrainer`). Batches reach the model as the task
+    makes them: in 16-true and bf16-true the weights are 16-bit, so a model that takes
+    floating-point inputs casts them to its weights' dtype itself (as
+    `flashlab.tsp.AttentionModel` does with the coordinates); the mixed modes' autocast needs
+    no cast."""
 
     task_config_class = RecallConfig
     checkpoint_kind = "lm-training-state"
