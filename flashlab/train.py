@@ -470,6 +470,7 @@ class Trainer:
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
         rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")
+
         def last_saved():
             return out / "checkpoint_last.pt" if out and (out / "checkpoint_last.pt").is_file() else None
 
