@@ -157,6 +157,9 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     if seqlen_q == 0 or head_dim == 0:
         _fail("q", f"has an empty dimension, shape {tuple(q.shape)}",
               "Pass at least one query token, one head and a head dimension of at least 1.")
+    if heads == 0 or heads_k == 0:
+        _fail("k_cache" if heads else "q", f"has no heads (q {heads}, k_cache {heads_k})",
+              "Pass at least one head in q and in the cache.")
     if heads % heads_k:
         transposed = q.shape[1] % heads_k == 0 and q.shape[1] > heads    # q given as (batch, heads, seqlen_q, D)?
         _fail("k_cache", f"has {heads_k} heads, which does not divide q's {heads} (q's dimension 2)",
@@ -198,7 +201,9 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
                       "k_cache / v_cache (num_blocks, page_size, heads_k, D); entries past them are not read.")
         capacity = block_table.shape[1] * k_cache.shape[1]
     if check_contents and cache_seqlens.numel() and (cache_seqlens.min() < 0 or cache_seqlens.max() > capacity):
-        _fail("cache_seqlens", f"lengths must lie in [0, {capacity}], got {cache_seqlens.tolist()}",
+        first = int(((cache_seqlens < 0) | (cache_seqlens > capacity)).nonzero()[0, 0])    # one, not the batch
+        _fail("cache_seqlens", f"lengths must lie in [0, {capacity}], got {int(cache_seqlens[first])} for "
+              f"sequence {first}",
               "A length cannot exceed what the cache (or its block table's pages) holds.")
     if num_splits is not None and not (isinstance(num_splits, int) and 1 <= num_splits):
         _fail("num_splits", f"expected a positive integer, or None (or 0) to choose, got {num_splits!r}",
@@ -301,7 +306,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
     else:              # a caller's number too (num_splits=10**6 asked for 256 MB of partial rows)
         num_splits = splits_with_tiles(_cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
-    seqlens = cache_seqlens.to(torch.int32)
+    seqlens = cache_seqlens.to(torch.int32).contiguous()     # the kernel reads seqlens[z], no stride
     table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
     table_strides = block_table.stride() if paged else (0, 0)
     out = torch.empty_like(q)

@@ -131,7 +131,14 @@ def packed_forward(model: CausalTransformer, tokens: torch.Tensor, cu_seqlens: t
                          "need per-document positions inside the attention).")
     if max_seqlen > model.max_len:
         raise ValueError(f"max_seqlen: {max_seqlen} exceeds the model's max_len={model.max_len}.")
+    if varlen and model.training and any(block.attn.dropout for block in model.blocks):
+        # varlen_attention has no dropout: training would silently go without it
+        raise ValueError("model: attention dropout is on (training mode) and varlen_attention has none; set the "
+                         "model's attention dropout to 0, call model.eval(), or pass varlen=False.")
     total = tokens.shape[0]
+    if cu_seqlens.numel() < 1 or int(cu_seqlens[-1]) != total:
+        raise ValueError(f"cu_seqlens: ends at {int(cu_seqlens[-1]) if cu_seqlens.numel() else 'nothing'} but "
+                         f"tokens holds {total}; build both with flashlab.packing.pack(documents).")
     x = model.tokens(tokens) + model.positions(_positions(cu_seqlens, total))
     mask = None if varlen else document_mask(cu_seqlens, total)
     for block in model.blocks:

@@ -59,9 +59,18 @@ def key_tile_range(first_query: int, last_query: int, q_len: int, k_len: int, le
 
 
 def cu_seqlens_from_lengths(lengths, device=None) -> torch.Tensor:
-    """[0, n_0, n_0 + n_1, …]: where each packed sequence starts (int32, batch + 1 entries)."""
-    lengths = torch.as_tensor(lengths, dtype=torch.int64, device=device)
-    return torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    """[0, n_0, n_0 + n_1, …]: where each packed sequence starts (int32, batch + 1 entries).
+    ``lengths``: a 1-D sequence of whole numbers ≥ 0 (a list, or an integer tensor)."""
+    given = torch.as_tensor(lengths, device=device)
+    if given.numel() == 0 and given.dim() == 1:
+        given = given.to(torch.int64)                 # [] is float32 to torch: no sequences
+    if given.dim() != 1 or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        raise ValueError(f"lengths: expected a 1-D sequence of whole numbers, got {given.dtype} of shape "
+                         f"{tuple(given.shape)}; pass e.g. [len(s) for s in sequences].")
+    if given.numel() and int(given.min()) < 0:
+        first = int((given < 0).nonzero()[0, 0])
+        raise ValueError(f"lengths: entry {first} is {int(given[first])}; a sequence has 0 or more tokens.")
+    return torch.nn.functional.pad(given.to(torch.int64).cumsum(0), (1, 0)).to(torch.int32)
 
 
 def _fail(argument: str, problem: str, fix: str) -> None:
@@ -84,8 +93,13 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         _fail("v", f"shape {tuple(v.shape)} differs from k's {tuple(k.shape)}", "k and v need one row per key.")
     if k.shape[2] != q.shape[2]:
         _fail("k", f"head dimension {k.shape[2]} differs from q's {q.shape[2]}", "Use equal head dimensions.")
-    if q.shape[2] > MAX_HEAD_DIM or q.shape[2] == 0:
+    if q.shape[2] > MAX_HEAD_DIM:
         _fail("q", f"head dimension {q.shape[2]} is not in 1..{MAX_HEAD_DIM}", "Split the heads.")
+    if q.shape[2] == 0:
+        _fail("q", "head dimension 0", "Pass at least one feature per head.")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        _fail("k" if q.shape[1] else "q", f"has no heads (q {q.shape[1]}, k {k.shape[1]})",
+              "Pass at least one head in q and in k, v.")
     if q.shape[1] % k.shape[1]:
         _fail("k", f"has {k.shape[1]} heads, which does not divide q's {q.shape[1]}",
               "Grouped-query attention needs the kv heads to divide the q heads.")
@@ -100,7 +114,11 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         values = cu.tolist()
         lengths = [b - a for a, b in zip(values[:-1], values[1:])]
         if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths):
-            _fail(name, f"must rise from 0 to the {total} packed tokens, got {values}",
+            falls = next((i for i, n in enumerate(lengths) if n < 0), None)      # one entry, not the batch
+            got = (f"starts at {values[0]}" if values[0] != 0 else
+                   f"falls from {values[falls]} to {values[falls + 1]} at entry {falls + 1}" if falls is not None
+                   else f"ends at {values[-1]}")
+            _fail(name, f"must rise from 0 to the {total} packed tokens, but it {got}",
                   "cu_seqlens[b] is where sequence b starts; cu_seqlens[-1] the total number of tokens.")
         name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
         if isinstance(max_len, bool) or not isinstance(max_len, int):
@@ -122,7 +140,9 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precis
     heads, head_dim = q.shape[1], q.shape[2]
     batch = cu_q.numel() - 1
     blocks = varlen_block_sizes(q.device.type == "cuda", head_dim)["forward"]
-    out = torch.empty_like(q)
+    # contiguous whatever q's strides: the backward's preprocess reads O with its head dimension
+    # contiguous (empty_like kept q's strides, and a q whose D had stride 2 gave wrong dq and dk)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=q.device)
     num_m = _cdiv(max_q, blocks["BLOCK_M"])
     if num_m * batch:
@@ -216,6 +236,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
     """
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
+    # lies in memory gave other sequences' bounds, and reads past its end
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
         # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.ops)

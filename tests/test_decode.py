@@ -244,6 +244,36 @@ def test_bad_inputs_raise_clear_errors():
         decode_attention(q, k.double(), v, ok)
 
 
+def test_strided_cache_lengths_are_read_as_their_values():
+    """A practitioner's trial: an int32 cache_seqlens that is a strided view (x[::2]) was read by the
+    kernel as it lies in memory (lengths 5, 0, 33 for 5, 33, 64), silently; int64 worked only
+    because the cast to int32 copied it."""
+    lengths = torch.tensor([5, 0, 33, 0, 64, 0], dtype=torch.int32, device=DEVICE)[::2]
+    assert not lengths.is_contiguous()
+    q = torch.randn(3, 1, 4, 16, device=DEVICE)
+    k, v = _cache(3, 70, 2, 16)
+    for num_splits in (1, 3):
+        assert_close(decode_attention(q, k, v, lengths, num_splits=num_splits),
+                     reference_decode_attention(q, k, v, lengths.contiguous()))
+
+
+def test_errors_name_one_bad_length_and_zero_heads():
+    """A bad length among a thousand was reported with all of them (3,122 characters); zero heads
+    raised a bare ZeroDivisionError."""
+    q = torch.randn(1000, 1, 2, 16, device=DEVICE)
+    k, v = _cache(1000, 8, 2, 16)
+    lengths = torch.full((1000,), 3, dtype=torch.int32, device=DEVICE)
+    lengths[617] = 9
+    with pytest.raises(ValueError) as error:
+        decode_attention(q, k, v, lengths, check_contents=True)
+    assert str(error.value).startswith("cache_seqlens: lengths must lie in [0, 8], got 9 for sequence 617.")
+    assert len(str(error.value)) < 200, str(error.value)
+    with pytest.raises(ValueError, match="^k_cache: has no heads"):
+        decode_attention(q[:2], k[:2, :, :0], v[:2, :, :0], lengths[:2])
+    with pytest.raises(ValueError, match="^q: has no heads"):
+        decode_attention(q[:2, :, :0], k[:2], v[:2], lengths[:2])
+
+
 def test_contents_checked_by_default_on_cpu_only():
     """On CPU the lengths are checked without being asked; on a GPU only when asked, since
     reading them back would stop the host on every decoding step."""

@@ -93,3 +93,27 @@ def test_rotary_models_are_refused():
     tokens, cu, max_len = pack(_docs([3]))
     with pytest.raises(ValueError, match="learned"):
         packed_forward(model, tokens, cu, max_len)
+
+
+def test_inputs_packed_forward_cannot_honour_are_refused():
+    """A practitioner's trial: a training model with attention dropout ran packed without it
+    (varlen_attention has no dropout), silently; tokens that do not match cu_seqlens failed deep in
+    torch ("allocated size does not match")."""
+    tokens, cu, max_len = pack(_docs([3, 5]))
+    with pytest.raises(ValueError, match="^model: attention dropout is on"):
+        packed_forward(_model(dropout=0.5).train(), tokens, cu, max_len)
+    packed_forward(_model(dropout=0.5).eval(), tokens, cu, max_len)          # eval: no dropout to lose
+    packed_forward(_model(dropout=0.5).train(), tokens, cu, max_len, varlen=False)   # SDPA's dropout
+    with pytest.raises(ValueError, match="^cu_seqlens: ends at 8 but tokens holds 7"):
+        packed_forward(_model(), tokens[:7], cu, max_len)
+
+
+def test_offsets_from_lengths_refuse_what_is_not_a_list_of_lengths():
+    from flashlab.varlen import cu_seqlens_from_lengths
+    assert cu_seqlens_from_lengths([3, 0, 2]).tolist() == [0, 3, 3, 5]
+    assert cu_seqlens_from_lengths(torch.tensor([4, 1])).tolist() == [0, 4, 5]
+    assert cu_seqlens_from_lengths([]).tolist() == [0]
+    for bad, message in (([3, -1, 2], "^lengths: entry 1 is -1"), ([1.7, 2.2], "^lengths: expected a 1-D"),
+                         ([[1, 2], [3, 4]], "^lengths: expected a 1-D")):
+        with pytest.raises(ValueError, match=message):
+            cu_seqlens_from_lengths(bad)

@@ -167,6 +167,44 @@ def test_bad_inputs_raise_clear_errors():
         varlen_attention(torch.randn(12, 3, 16, device=DEVICE), k, v, cu, cu, n, n)   # 2 kv heads, 3 q heads
 
 
+def test_strided_offsets_and_a_strided_head_dimension_give_the_right_answer():
+    """A practitioner's trial: a cu_seqlens that is a strided view (cu[::2]) was read as it lies in
+    memory (relative errors of 1e19 and more, reading past its end), and a q whose head dimension
+    has stride 2 gave dq and dk off by 130-200% (O took q's strides; the backward's preprocess
+    reads O with its head dimension contiguous)."""
+    lengths = [1, 17, 40]
+    cu = cu_seqlens_from_lengths(lengths, DEVICE)
+    spread = torch.zeros(2 * cu.numel(), dtype=torch.int32, device=DEVICE)
+    spread[::2] = cu
+    strided_cu = spread[::2]
+    assert not strided_cu.is_contiguous()
+    q = torch.randn(sum(lengths), 16, 2, device=DEVICE).permute(0, 2, 1).requires_grad_()   # (T, 2, 16), D stride 2
+    k = torch.randn(sum(lengths), 1, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(sum(lengths), 1, 16, device=DEVICE, requires_grad=True)
+    for cu_q in (cu, strided_cu):
+        out = varlen_attention(q, k, v, cu_q, cu_q, 40, 40, is_causal=True)
+        ref = reference_varlen_attention(q, k, v, cu, cu, is_causal=True)
+        assert_close(out, ref)
+        grad = torch.randn_like(out)
+        for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad),
+                              torch.autograd.grad(ref, (q, k, v), grad.double())):
+            assert_close(g, w, tol=2e-5, what=name)
+
+
+def test_errors_name_the_entry_and_zero_heads():
+    """A bad cu_seqlens was reported with all its entries, whatever the batch; zero kv heads raised
+    a bare ZeroDivisionError, and a head dimension of 0 was told to split the heads."""
+    (q, k, v), cu, _, n, _ = _packed([5, 7], 2, 2, grad=False)
+    falling = torch.tensor([0, 5, 3, 12], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: must rise from 0 to the 12 packed tokens, but it falls "
+                                         r"from 5 to 3 at entry 2\."):
+        varlen_attention(q, k, v, falling, falling, n, n)
+    with pytest.raises(ValueError, match="^k: has no heads"):
+        varlen_attention(q, k[:, :0], v[:, :0], cu, cu, n, n)
+    with pytest.raises(ValueError, match="^q: head dimension 0. Pass at least one feature per head"):
+        varlen_attention(q[..., :0], k[..., :0], v[..., :0], cu, cu, n, n)
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's tile configurations per head dimension")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_head_dims_on_gpu(head_dim):
