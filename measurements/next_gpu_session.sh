@@ -102,6 +102,10 @@
 # verify and the table (results/h100/, results/README.md). On the H200 still, in order: tiles (or tiles-min),
 # each now also measuring notebook 02's roofline peaks (measurements.roofline_peaks: its 790 TFLOP/s has no
 # record), then small_defaults and defaults-verify; tsp100-finish; rl4co-and-suite.
+# 2026-12-06: no machine at all (H200 and H100, 00:27-02:20; the refusals spent the budget). Next, on an H200:
+# tiles, then at once on the same warm machine defaults-from-tiles (the idle release is 30 s), then here copy
+# the records to results/h200/ and rerun measurements.small_defaults on them; tsp100-finish; rl4co-and-suite.
+# On an H100: defaults-verify (its shipped launches file has not been verified).
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
