@@ -270,6 +270,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         check_contents = q.device.type == "cpu"
     if num_splits == 0:
         num_splits = None                               # FlashAttention's 0 = "choose for me"
+    if torch.compiler.is_exporting():
+        # torch.export traces through (compiler.disable does not apply there) and fails on the first
+        # look at cache_seqlens' values, in many lines of Dynamo's; say it in one
+        raise RuntimeError("decode_attention: torch.export cannot trace it (cache_seqlens are data that decide "
+                           "grids and splits); export the model around it, or use flashlab.attention.")
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):

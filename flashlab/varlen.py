@@ -235,6 +235,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `varlen_by_sequence`
     (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
     """
+    if torch.compiler.is_exporting():
+        # torch.export traces through (compiler.disable does not apply there) and fails on the first
+        # look at cu_seqlens' values, in many lines of Dynamo's; say it in one
+        raise RuntimeError("varlen_attention: torch.export cannot trace it (cu_seqlens are data that decide the "
+                           "grid); export the model around it, or use flashlab.attention with a mask.")
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
     # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
     # lies in memory gave other sequences' bounds, and reads past its end

@@ -360,6 +360,21 @@ def test_torch_compile_breaks_the_graph_at_the_call():
         torch.compile(step, backend="eager", fullgraph=True)(q, k_cache, v_cache, lengths)
 
 
+def test_torch_export_is_refused_in_one_line():
+    """torch.export traces through compiler.disable and failed on the lengths' values with Dynamo's
+    many-line data-dependent-guard error; it is now one line that says what to do."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k_cache, v_cache, lengths):
+            return decode_attention(q, k_cache, v_cache, lengths)
+
+    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.export cannot trace it \(cache_seqlens"):
+        torch.export.export(Step(), (q, k_cache, v_cache, lengths))
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
 @pytest.mark.parametrize("route", ["FLASHLAB_CPU_KERNELS=0", "over the interpreter's tile limit"])
 @pytest.mark.parametrize("paged", [False, True])

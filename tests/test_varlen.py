@@ -269,6 +269,20 @@ def test_torch_compile_breaks_the_graph_at_the_call():
         torch.compile(loss, backend="eager", fullgraph=True)(x)
 
 
+def test_torch_export_is_refused_in_one_line():
+    """torch.export traces through compiler.disable and failed on cu_seqlens' values with Dynamo's
+    many-line data-dependent-guard error; it is now one line that says what to do."""
+    cu = cu_seqlens_from_lengths([5, 9], DEVICE)
+    x = torch.randn(14, 2, 16, device=DEVICE)
+
+    class Layer(torch.nn.Module):
+        def forward(self, x, cu):
+            return _varlen_attention(x, x, x, cu, cu, 9, 9, is_causal=True)
+
+    with pytest.raises(RuntimeError, match=r"^varlen_attention: torch.export cannot trace it \(cu_seqlens"):
+        torch.export.export(Layer(), (x, cu))
+
+
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
 @pytest.mark.parametrize("route", ["FLASHLAB_CPU_KERNELS=0", "over the interpreter's tile limit"])
 def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, monkeypatch):
