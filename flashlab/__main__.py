@@ -305,6 +305,14 @@ def _tsp_train_options(p) -> None:
 # value (a run trained with --device cuda may be resumed on another machine). Two more follow the
 # machine where no GPU runs (`_adopt_from_checkpoint`): compile reduce-overhead, and attention flashlab.
 _NOT_ADOPTED = {"resume", "device", "progress"}
+# A GPU run's settings that a resume without a GPU does not take (each: the value, and why, said in
+# one line): CUDA graphs cannot replay, and the kernels would run in Triton's interpreter (hours for
+# a few steps).
+_GPU_SETTINGS = {
+    "attention": ("flashlab", " (sdpa here), as {why} and flashlab's kernels would run in Triton's interpreter; "
+                              "give --attention flashlab to keep them"),
+    "compile": ("reduce-overhead", ", as reduce-overhead replays CUDA graphs and {why}"),
+}
 
 
 def _adopt_from_checkpoint(args, task, run, kind):
@@ -328,16 +336,10 @@ def _adopt_from_checkpoint(args, task, run, kind):
         given = sorted(names & free & args.given)
         changed += [f"{name} {stored[key][name]} → {getattr(config, name)}" for name in given
                     if name in stored.get(key, {}) and name != "steps" and stored[key][name] != getattr(config, name)]
-        if adopt.get("compile") == "reduce-overhead" and why:
-            # like the device, a setting of the machine: a GPU run's CUDA graphs cannot replay here
-            del adopt["compile"]
-            changed.append(f"compile reduce-overhead → {config.compile}, as reduce-overhead replays CUDA graphs "
-                           f"and {why}")
-        if adopt.get("attention") == "flashlab" and why:
-            # a GPU run's kernels, on a CPU, would run in Triton's interpreter: hours for a few steps
-            del adopt["attention"]
-            changed.append(f"attention flashlab → {config.attention} (sdpa here), as {why} and flashlab's kernels "
-                           f"would run in Triton's interpreter; give --attention flashlab to keep them")
+        for name, (value, because) in _GPU_SETTINGS.items():
+            if adopt.get(name) == value and why:      # like the device, a setting of the machine
+                del adopt[name]
+                changed.append(f"{name} {value} → {getattr(config, name)}{because.format(why=why)}")
         configs.append(dataclasses.replace(config, **adopt))
     step = saved.state.get("step") if isinstance(saved.state, dict) else None
     if isinstance(step, int) and configs[1].steps <= step:

@@ -120,9 +120,7 @@ def write_atomically(path, data: bytes) -> None:
     survives a power cut."""
     path = Path(path)
     directory = path.parent
-    for stale in directory.glob(f".{path.name}.*.tmp"):              # left by a process killed mid-save
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+    remove_interrupted_writes(directory, path.name)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         os.chmod(temporary, _file_mode(path))                         # mkstemp's 0600 → what open() would give
@@ -143,6 +141,14 @@ def write_atomically(path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def remove_interrupted_writes(directory, name: str = "*") -> None:
+    """Delete the temporary files that `write_atomically` left in ``directory`` for files named
+    ``name`` (a glob pattern) when a process was killed mid-save."""
+    for stale in Path(directory).glob(f".{name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
 
 
 def _file_mode(path: Path) -> int:

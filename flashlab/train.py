@@ -465,8 +465,7 @@ class Trainer:
             _truncate_csv(out / "metrics.csv", self.step)
             # and one killed mid-save left a temporary file, which a save to the same name would remove, but
             # checkpoint_<step>.pt names do not repeat
-            for stale in out.glob(".checkpoint_*.pt.*.tmp"):
-                stale.unlink(missing_ok=True)
+            checkpoint.remove_interrupted_writes(out, "checkpoint_*.pt")
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
         rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")

@@ -1,7 +1,7 @@
 """The two numbers notebook 02's roofline rests on, measured on the GPU at hand: the bf16 matmul
 rate PyTorch reaches (8192 × 8192 × 8192, ``torch.matmul``) and the device-to-device copy
-bandwidth (a 2 GiB tensor copied, read + write counted), each the median of 20 timed calls after
-5 warm-up calls, timed with CUDA events.
+bandwidth (a 2 GiB tensor copied, read + write counted), each timed by the project's GPU timer
+(`flashlab.timing.time_ms`: triton.testing.do_bench's median).
 
     PYTHONPATH=. python -m measurements.roofline_peaks OUT_DIR
 
@@ -11,42 +11,29 @@ Writes OUT_DIR/roofline_peaks.json (with flashlab.recorded.environment(): which 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from flashlab.recorded import environment
-
-
-def _median_ms(fn, warmup: int = 5, calls: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from flashlab.timing import time_ms
 
 
 def measure() -> dict:
     n = 8192
     left = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     right = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    matmul_ms = _median_ms(lambda: torch.matmul(left, right))
+    matmul_ms = time_ms(lambda: torch.matmul(left, right), "cuda")
     source = torch.empty(2**30, device="cuda", dtype=torch.int16)         # 2 GiB
     target = torch.empty_like(source)
-    copy_ms = _median_ms(lambda: target.copy_(source))
+    copy_ms = time_ms(lambda: target.copy_(source), "cuda")
     moved = 2 * source.numel() * source.element_size()                    # read + write
     return {"environment": environment(),
             "bf16_matmul": {"shape": [n, n, n], "ms": matmul_ms, "tflops": 2 * n**3 / matmul_ms / 1e9},
             "copy": {"bytes_read_and_written": moved, "ms": copy_ms, "tb_per_s": moved / copy_ms / 1e9},
-            "how": "median of 20 calls after 5 warm-up calls, CUDA events; matmul FLOPs 2·n³"}
+            "how": "flashlab.timing.time_ms (triton.testing.do_bench, median, 25 ms warm-up, 100 ms timed); "
+                   "matmul FLOPs 2·n³"}
 
 
 def main(argv=None) -> int:

@@ -47,3 +47,25 @@ def run_padded(kernel, grid, args, kwargs, fill_for):
     kernel[grid](*[copies[n][4] if n in copies else a for n, a in zip(names, args)],
                  **{n: copies[n][4] if n in copies else a for n, a in kwargs.items()})
     return copies
+
+
+def the_jit_function(kernel):
+    """The @triton.jit function under the tests' wrappers (PaddedLaunch, then the interpreted twin):
+    what a learner's module holds outside the tests. Skips the test under TRITON_INTERPRET=1, where
+    every kernel is interpreted however it is launched."""
+    from triton.runtime.jit import JITFunction
+    while not isinstance(kernel, JITFunction) and hasattr(kernel, "kernel"):
+        kernel = kernel.kernel
+    if not isinstance(kernel, JITFunction):
+        import pytest
+        pytest.skip("TRITON_INTERPRET is set: every kernel is interpreted, however it is launched")
+    return kernel
+
+
+def not_through_kernel_for(launcher: str, kernel: str, err: Exception) -> AssertionError:
+    """The failure of a launcher that calls ``kernel[grid](…)`` itself on CPU tensors."""
+    return AssertionError(
+        f"{launcher} on CPU tensors, with {kernel} as your module defines it, raised {type(err).__name__}: "
+        f"{str(err).rstrip('.')}. Launch it through kernel_for({kernel}, x.device)[grid](…), as the stub's "
+        f"import says: it runs the kernel in Triton's interpreter for CPU tensors. The other tests pass either "
+        f"way because the test fixture has already replaced {kernel} by its interpreted twin")

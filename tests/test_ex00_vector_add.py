@@ -13,10 +13,9 @@ import warnings
 import pytest
 import torch
 import triton
-from triton.runtime.jit import JITFunction
 
 from flashlab.vector_add import vector_add as package_vector_add
-from tests.padded_launch import PaddedLaunch, bind, run_padded
+from tests.padded_launch import PaddedLaunch, bind, not_through_kernel_for, run_padded, the_jit_function
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # what the buffers hold after each tensor: a load past the end of x and y adds inf + (−inf) = NaN,
@@ -118,21 +117,12 @@ def test_launches_through_kernel_for(exercise, monkeypatch):
     """Outside these tests nothing replaces add_kernel by its interpreted twin: on CPU tensors
     vector_add works only if it launches ``kernel_for(add_kernel, x.device)[grid](…)``, which
     picks the twin (``add_kernel[grid](…)`` itself tries to compile for a GPU)."""
-    kernel = exercise.add_kernel
-    while not isinstance(kernel, JITFunction) and hasattr(kernel, "kernel"):
-        kernel = kernel.kernel                   # PaddedLaunch, then the interpreted twin
-    if not isinstance(kernel, JITFunction):
-        pytest.skip("TRITON_INTERPRET is set: every kernel is interpreted, however it is launched")
-    monkeypatch.setattr(exercise, "add_kernel", kernel)
+    monkeypatch.setattr(exercise, "add_kernel", the_jit_function(exercise.add_kernel))
     x, y = torch.randn(128), torch.randn(128)   # n = block: no program hangs over the end (nothing is padded here)
     try:
         out = exercise.vector_add(x, y, block=128)
     except NotImplementedError:
         raise
     except Exception as err:
-        raise AssertionError(
-            f"vector_add on CPU tensors, with add_kernel as your module defines it, raised {type(err).__name__}: "
-            f"{str(err).rstrip('.')}. Launch it through kernel_for(add_kernel, x.device)[grid](…), as the stub's "
-            "import says: it runs the kernel in Triton's interpreter for CPU tensors. The other tests pass either "
-            "way because the test fixture has already replaced add_kernel by its interpreted twin") from err
+        raise not_through_kernel_for("vector_add", "add_kernel", err) from err
     _assert_sum(out, x, y, 128)

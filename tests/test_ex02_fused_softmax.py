@@ -12,10 +12,9 @@ past the end of y aborts the whole pytest process)."""
 import pytest
 import torch
 import triton
-from triton.runtime.jit import JITFunction
 
 from flashlab import assert_close
-from tests.padded_launch import PaddedLaunch, bind, run_padded
+from tests.padded_launch import PaddedLaunch, bind, not_through_kernel_for, run_padded, the_jit_function
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OUTSIDE_X = 1e4     # around x's rows: read there, it becomes the row max and every real column gives 0
@@ -157,21 +156,12 @@ def test_launches_through_kernel_for(exercise, monkeypatch):
     """Outside these tests nothing replaces softmax_kernel by its interpreted twin: on CPU tensors
     softmax works only if it launches ``kernel_for(softmax_kernel, x.device)[grid](…)``, which
     picks the twin (``softmax_kernel[grid](…)`` itself tries to compile for a GPU)."""
-    kernel = exercise.softmax_kernel
-    while not isinstance(kernel, JITFunction) and hasattr(kernel, "kernel"):
-        kernel = kernel.kernel                   # PaddedLaunch, then the interpreted twin
-    if not isinstance(kernel, JITFunction):
-        pytest.skip("TRITON_INTERPRET is set: every kernel is interpreted, however it is launched")
-    monkeypatch.setattr(exercise, "softmax_kernel", kernel)
+    monkeypatch.setattr(exercise, "softmax_kernel", the_jit_function(exercise.softmax_kernel))
     x = torch.randn(4, 32)                      # n_cols = BLOCK: nothing to read or write outside x and y
     try:
         y = exercise.softmax(x)
     except NotImplementedError:
         raise
     except Exception as err:
-        raise AssertionError(
-            f"softmax on CPU tensors, with softmax_kernel as your module defines it, raised {type(err).__name__}: "
-            f"{str(err).rstrip('.')}. Launch it through kernel_for(softmax_kernel, x.device)[grid](…), as the "
-            "stub's import says: it runs the kernel in Triton's interpreter for CPU tensors. The other tests pass "
-            "either way because the test fixture has already replaced softmax_kernel by its interpreted twin") from err
+        raise not_through_kernel_for("softmax", "softmax_kernel", err) from err
     assert_close(y, torch.softmax(x.double(), -1), dtype=torch.float32)
