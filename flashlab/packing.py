@@ -63,14 +63,31 @@ class RepeatedPatternDocuments:
         return docs
 
 
+def _check_documents(documents) -> None:
+    """One line for what torch.cat and the padding loop would otherwise fail on deep inside."""
+    if isinstance(documents, torch.Tensor) or not documents:
+        raise ValueError("documents: expected a non-empty list of 1-D token tensors, got "
+                         + ("a tensor; pass list(tensor) for a batch of rows" if isinstance(documents, torch.Tensor)
+                            else "an empty list"))
+    for i, d in enumerate(documents):
+        if not isinstance(d, torch.Tensor) or d.dim() != 1:
+            shape = f"shape {tuple(d.shape)}" if isinstance(d, torch.Tensor) else type(d).__name__
+            raise ValueError(f"documents: entry {i} is {shape}; each document is a 1-D tensor of token ids")
+        if d.dtype != documents[0].dtype:
+            raise ValueError(f"documents: entry {i} is {d.dtype} but entry 0 is {documents[0].dtype}; "
+                             "give every document the same integer dtype")
+
+
 def pack(documents: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Documents back to back: tokens ``(total,)``, ``cu_seqlens`` (int32, n + 1) and the longest length."""
+    _check_documents(documents)
     lengths = [len(d) for d in documents]
     return torch.cat(documents), cu_seqlens_from_lengths(lengths), max(lengths, default=0)
 
 
 def pad(documents: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Documents padded to the longest: tokens ``(n, max_len)`` and lengths ``(n,)``."""
+    _check_documents(documents)
     lengths = torch.tensor([len(d) for d in documents])
     tokens = torch.full((len(documents), int(lengths.max())), pad_id, dtype=documents[0].dtype)
     for i, d in enumerate(documents):

@@ -117,3 +117,18 @@ def test_offsets_from_lengths_refuse_what_is_not_a_list_of_lengths():
                          ([[1, 2], [3, 4]], "^lengths: expected a 1-D")):
         with pytest.raises(ValueError, match=message):
             cu_seqlens_from_lengths(bad)
+
+
+@pytest.mark.parametrize("make", [pack, pad])
+def test_what_is_not_a_list_of_documents_is_refused_in_one_line(make):
+    """An empty list failed in torch.cat ("expected a non-empty list of Tensors") or in max(); a 2-D
+    batch of rows was concatenated as if it were one document's tokens."""
+    for bad, message in (([], "^documents: expected a non-empty list of 1-D token tensors, got an empty list$"),
+                         (torch.zeros(2, 3, dtype=torch.long), "got a tensor; pass list"),
+                         ([torch.tensor([1, 2]), torch.zeros(2, 2, dtype=torch.long)], "^documents: entry 1 is shape"),
+                         ([torch.tensor([1, 2]), [3]], "^documents: entry 1 is list"),
+                         ([torch.tensor([1]), torch.tensor([1], dtype=torch.int32)],
+                          "^documents: entry 1 is torch.int32")):
+        with pytest.raises(ValueError, match=message):
+            make(bad)
+    make(list(torch.zeros(2, 3, dtype=torch.long)))       # the fix the message names works
