@@ -18,7 +18,17 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def finite_number(value) -> bool:
     """A finite int or float, not a bool: what a ``scale`` may be (SDPA's and FlashAttention's take any)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    # comparisons, not math.isfinite: under torch.compile with dynamic=True a float argument is a
+    # symbolic float, which math.isfinite cannot take (a comparison becomes a guard); NaN fails both
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and -math.inf < value < math.inf
+
+
+def without_neg_views(*tensors):
+    """The tensors with any negative view resolved: a view carrying PyTorch's negative bit
+    (``z.conj().imag`` of a complex tensor is one) stores the values unnegated, and a Triton
+    kernel reads the storage, so it would see the opposite sign. A copy only for such views;
+    None passes through."""
+    return tuple(t.resolve_neg() if t is not None and t.is_neg() else t for t in tensors)
 
 
 def _fail(argument: str, problem: str, fix: str) -> None:

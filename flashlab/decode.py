@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .checks import default_scale, finite_number
+from .checks import default_scale, finite_number, without_neg_views
 from .decode_triton import decode_merge_kernel, decode_split_kernel
 from .first_order import without_backward
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, _cdiv, _head_dim_args
@@ -276,6 +276,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         raise RuntimeError("decode_attention: torch.export cannot trace it (cache_seqlens are data that decide "
                            "grids and splits); export the model around it, or use flashlab.attention.")
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
+    q, k_cache, v_cache = without_neg_views(q, k_cache, v_cache)     # the kernels read storage
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU

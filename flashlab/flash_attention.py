@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops, runtime
-from .checks import check_attention_inputs, check_window, default_scale
+from .checks import check_attention_inputs, check_window, default_scale, without_neg_views
 from .interpreter_notice import InterpreterWarning, count_interpreted, interpreter_tiles  # noqa: F401
 from .layouts import unpack_qkv
 from .naive import naive_attention_unchecked, window_band
@@ -217,6 +217,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
         return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=plan.transformed)
 
+    if plan.eager:            # the kernels read storage (a traced call's op gets its inputs through the dispatcher)
+        q, k, v, attn_mask = without_neg_views(q, k, v, attn_mask)
     q4, k4, v4, mask4 = q, k, v, attn_mask
     if plan.reshape:
         H, n_q, n_k = _heads(q), q.shape[-2], k.shape[-2]
@@ -299,6 +301,9 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
                          exact_fp32=exact_fp32).transpose(1, 2).contiguous()     # the layout the kernels give
     if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
         count_interpreted(plan.cpu_tiles)
+    if plan.eager and qkv.is_neg():         # the kernels read storage: see checks.without_neg_views
+        qkv = qkv.resolve_neg()
+        q, k, v = unpack_qkv(qkv)
     seed = ops.draw_seed() if plan.dropout_p > 0 else None
     precision = plan.precision or input_precision(qkv.dtype, qkv.device, exact_fp32)
     wants_grad = torch.is_grad_enabled() and qkv.requires_grad
@@ -441,6 +446,15 @@ def _small_eager(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precisio
     return _flash_small.small_forward(q, k, v, mask, *spec)[0]
 
 
+def _with_causal(attn_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """``attn_mask`` (bool: True takes part; float: added to the scores) with the causal mask folded
+    in: query i sees keys 0..i and what ``attn_mask`` lets it see of them."""
+    sees = torch.ones(n, n, dtype=torch.bool, device=attn_mask.device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & sees
+    return torch.where(sees, attn_mask, float("-inf"))   # broadcasts a (B, 1, 1, N) padding mask to (B, 1, N, N)
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection, heads and an output projection, on
     `flashlab.attention`.
@@ -448,7 +462,7 @@ class MultiHeadAttention(nn.Module):
     Args:
         embed_dim: model width; ``num_heads`` must divide it.
         num_heads: attention heads.
-        causal: apply a causal mask (for decoders).
+        causal: apply a causal mask (for decoders); with an ``attn_mask`` too, both apply.
         bias: biases in the projections.
         dropout: attention-weight dropout probability, applied only in training mode.
     Input ``(B, N, embed_dim)`` → output ``(B, N, embed_dim)``. ``forward`` also takes an
@@ -474,6 +488,8 @@ class MultiHeadAttention(nn.Module):
         # three (B, H, N, D) views, no copies; split along dimension 2, so that autograd's stack of
         # their gradients is already the projection's layout (one copy, not two)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        if self.causal and attn_mask is not None:
+            attn_mask = _with_causal(attn_mask, N)    # SDPA (and so attention on a GPU) refuses both at once
         y = self.attention_fn(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=self.causal and attn_mask is None)
         return self.out(y.transpose(1, 2).reshape(B, N, -1))

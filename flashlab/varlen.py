@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import autotune
-from .checks import check_window, default_scale, finite_number
+from .checks import check_window, default_scale, finite_number, without_neg_views
 from .decode import launch
 from .first_order import first_order_only
 from .flash_launch import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
@@ -241,6 +241,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise RuntimeError("varlen_attention: torch.export cannot trace it (cu_seqlens are data that decide the "
                            "grid); export the model around it, or use flashlab.attention with a mask.")
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    q, k, v = without_neg_views(q, k, v)                # the kernels read storage
     # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
     # lies in memory gave other sequences' bounds, and reads past its end
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()

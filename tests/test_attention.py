@@ -167,6 +167,28 @@ def test_drop_in_for_sdpa_in_a_module():
     assert_close(layer(x), reference(x).double(), tol=1e-3 if CUDA else 1e-5)
 
 
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_a_causal_module_given_a_padding_mask_stays_causal(mask_kind):
+    """A practitioner's trial: MultiHeadAttention(causal=True) passed is_causal only without a mask,
+    so a padding mask turned a decoder layer bidirectional (position 0 then saw the last token)."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 4, causal=True).to(DEVICE).eval()
+    reference = MultiHeadAttention(32, 4, attention_fn=F.scaled_dot_product_attention).to(DEVICE).eval()
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 10, 32, device=DEVICE)
+    keep = torch.ones(2, 1, 1, 10, dtype=torch.bool, device=DEVICE)
+    keep[1, ..., 7:] = False                                   # the second sequence is 7 tokens long
+    mask = keep if mask_kind == "bool" else torch.zeros(keep.shape, device=DEVICE).masked_fill(~keep, -1e9)
+    causal = torch.ones(10, 10, dtype=torch.bool, device=DEVICE).tril()
+    want = reference(x, attn_mask=keep & causal)      # both masks, spelt out, through SDPA
+    assert_close(layer(x, attn_mask=mask), want.double(), tol=1e-3 if CUDA else 1e-5)
+    nothing_masked = torch.ones_like(keep)
+    later = x.clone()
+    later[:, -1] += 10                                          # a later token cannot move an earlier output
+    assert torch.allclose(layer(later, attn_mask=nothing_masked)[:, :-1], layer(x, attn_mask=nothing_masked)[:, :-1],
+                          atol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs,argument", [
     ({"dropout_p": 1.5}, "dropout_p"),
     ({"dropout_p": -0.1}, "dropout_p"),

@@ -825,3 +825,66 @@ def test_a_nested_tensor_is_named_with_what_to_use():
     nested = torch.nested.nested_tensor([torch.randn(2, 5, 16), torch.randn(2, 7, 16)], layout=torch.jagged)
     with pytest.raises(ValueError, match=r"^query: is a nested tensor.*varlen_attention"):
         attention(nested, nested, nested)
+
+
+def _neg_view(shape):
+    """A float32 tensor carrying PyTorch's negative bit, as the public API makes one: the imaginary
+    part of a conjugate. Its storage holds the values unnegated."""
+    return torch.randn(shape, dtype=torch.complex64, device=DEVICE).conj().imag
+
+
+@pytest.mark.parametrize("which", ["query", "key", "value", "attn_mask"])
+def test_views_carrying_the_negative_bit_are_read_with_their_sign(which):
+    """A practitioner's trial: attention read a negative view's storage, so z.conj().imag as a
+    float mask, or a _neg_view query, gave the opposite sign's result (relative error ~1) silently."""
+    inputs = {name: torch.randn(2, 2, 19, 16, device=DEVICE) for name in ("query", "key", "value")}
+    inputs["attn_mask"] = torch.randn(2, 1, 19, 19, device=DEVICE)
+    inputs[which] = _neg_view(inputs[which].shape)
+    assert inputs[which].is_neg(), "the test needs a view with the negative bit"
+    resolved = {name: t.resolve_neg().double() for name, t in inputs.items()}
+    assert_close(attention(**inputs), F.scaled_dot_product_attention(**resolved), tol=1e-5 if not CUDA else 3e-3)
+    if which != "attn_mask":                      # the gradient reaches the base through the view
+        base = torch.randn(2, 2, 19, 16, device=DEVICE, requires_grad=True)
+        inputs[which] = base.neg()._neg_view()
+        assert inputs[which].is_neg()
+        got, = torch.autograd.grad(attention(**inputs).square().sum(), base)
+        inputs[which] = base.double()
+        want, = torch.autograd.grad(F.scaled_dot_product_attention(
+            **{name: t.double() for name, t in inputs.items()}).square().sum(), base)
+        assert_close(got, want, tol=1e-4 if not CUDA else 1e-2)
+
+
+def test_negative_views_in_the_packed_decode_and_varlen_entries():
+    from flashlab.decode import decode_attention, reference_decode_attention
+    from flashlab.varlen import cu_seqlens_from_lengths, reference_varlen_attention, varlen_attention
+
+    qkv = _neg_view((2, 17, 3, 2, 16))
+    q, k, v = (t.transpose(1, 2) for t in qkv.resolve_neg().unbind(2))
+    assert_close(flashlab.attention_qkvpacked(qkv, is_causal=True).transpose(1, 2),
+                 F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True),
+                 tol=1e-5 if not CUDA else 3e-3)
+    # decode reads rows of D contiguous elements, which .imag's views are not: _neg_view's are
+    contiguous_neg_view = lambda *shape: torch.randn(shape, device=DEVICE).neg()._neg_view()  # noqa: E731
+    q, k_cache, v_cache = contiguous_neg_view(3, 1, 2, 16), contiguous_neg_view(3, 40, 2, 16), \
+        contiguous_neg_view(3, 40, 2, 16)
+    lengths = torch.tensor([40, 1, 23], dtype=torch.int32, device=DEVICE)
+    assert_close(decode_attention(q, k_cache, v_cache, lengths),
+                 reference_decode_attention(q.resolve_neg(), k_cache.resolve_neg(), v_cache.resolve_neg(), lengths))
+    q, k, v = (contiguous_neg_view(30, 2, 16) for _ in range(3))
+    cu = cu_seqlens_from_lengths([12, 18], DEVICE)
+    assert_close(varlen_attention(q, k, v, cu, cu, 18, 18, is_causal=True, exact_fp32=True),
+                 reference_varlen_attention(q.resolve_neg(), k.resolve_neg(), v.resolve_neg(), cu, cu, is_causal=True))
+
+
+def test_a_scale_that_varies_between_calls_compiles_with_fullgraph():
+    """A practitioner's trial: under torch.compile(fullgraph=True), a scale that changed between calls
+    became a symbolic float, and the scale check's math.isfinite could not take it ("Unsupported:
+    torch.* op returned non-Tensor"); every Hugging Face model compiled with dynamic=True passes its
+    layers' scaling this way."""
+    torch._dynamo.reset()
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    compiled = torch.compile(lambda q, s: attention(q, q, q, scale=s), backend="aot_eager", fullgraph=True)
+    for s in (0.5, 0.25, 0.125, -1.0):
+        assert torch.equal(compiled(q, s), attention(q, q, q, scale=s)), s
+    with pytest.raises(Exception, match="scale: expected a finite number"):   # Dynamo wraps it under fullgraph
+        compiled(q, float("nan"))
