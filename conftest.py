@@ -65,7 +65,12 @@ def exercise(request):
     name = exercise_of(request.node)
     if name is None:
         raise pytest.UsageError("the `exercise` fixture is for tests/test_exNN_*.py files")
-    module = importlib.import_module(f"{selected_impl(request.config)}.{name}")
+    try:
+        module = importlib.import_module(f"{selected_impl(request.config)}.{name}")
+    except SyntaxError as error:            # one line per test, not importlib's frames around the same caret
+        where = Path(error.filename or "").relative_to(Path(__file__).parent) if error.filename else name
+        pytest.fail(f"{where}, line {error.lineno}: {type(error).__name__}: {error.msg}. Python cannot read the file "
+                    f"until this is fixed: `python -m py_compile {where}` shows the line", pytrace=False)
     if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
         # CPU: the module's @triton.jit kernels run as their interpreted twins (flashlab sets
         # nothing process-wide, so a kernel launched as written would try to compile)

@@ -30,6 +30,28 @@ def bind(kernel, grid, args, kwargs):
     return names, bound, (programs + 1) * max(ints)
 
 
+SIGNALLING_NAN = "signalling NaN"     # a fill_for value: a NaN whose use in arithmetic NumPy reports as invalid
+_SIGNALLING_NAN_BITS = {torch.float32: (torch.int32, 0x7FA00000), torch.float16: (torch.int16, 0x7D00)}
+
+
+def _buffer(length, fill, dtype, device):
+    """``length`` elements of ``fill``; a signalling NaN is written as bits (torch.full would quiet it).
+    Copying one stays silent; adding one, even to 0, raises the invalid flag: so a single load past the
+    end is seen, where +inf and −inf need both loads unmasked to meet as inf + (−inf)."""
+    if fill == SIGNALLING_NAN:
+        int_dtype, bits = _SIGNALLING_NAN_BITS[dtype]
+        return torch.full((length,), bits, dtype=int_dtype, device=device).view(dtype)
+    return torch.full((length,), fill, dtype=dtype, device=device)
+
+
+def written_outside(buffer, inside, fill) -> int:
+    """Elements of ``buffer`` outside the tensor that no longer hold ``fill`` (bits, for a signalling NaN)."""
+    if fill == SIGNALLING_NAN:
+        int_dtype, bits = _SIGNALLING_NAN_BITS[buffer.dtype]
+        return (buffer.view(int_dtype)[~inside] != bits).sum().item()
+    return (buffer[~inside] != fill).sum().item()
+
+
 def run_padded(kernel, grid, args, kwargs, fill_for):
     """Launches ``kernel`` with each tensor argument copied into a buffer filled with
     ``fill_for(name)`` and ``reach`` elements longer; {name: (tensor, fill, buffer, inside, copy)},
@@ -40,7 +62,7 @@ def run_padded(kernel, grid, args, kwargs, fill_for):
         if isinstance(t, torch.Tensor):
             fill = fill_for(name)
             span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-            buffer = torch.full((span + reach,), fill, dtype=t.dtype, device=t.device)
+            buffer = _buffer(span + reach, fill, t.dtype, t.device)
             inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
             inside.as_strided(t.shape, t.stride()).fill_(True)
             copies[name] = (t, fill, buffer, inside, buffer.as_strided(t.shape, t.stride()).copy_(t))

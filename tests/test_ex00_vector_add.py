@@ -15,19 +15,30 @@ import torch
 import triton
 
 from flashlab.vector_add import vector_add as package_vector_add
-from tests.padded_launch import PaddedLaunch, bind, not_through_kernel_for, run_padded, the_jit_function
+from tests.hints import require
+from tests.padded_launch import (
+    SIGNALLING_NAN,
+    PaddedLaunch,
+    bind,
+    not_through_kernel_for,
+    run_padded,
+    the_jit_function,
+    written_outside,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# what the buffers hold after each tensor: a load past the end of x and y adds inf + (−inf) = NaN,
-# which NumPy (the interpreter's arithmetic) reports as an invalid value; after out, a value no store writes
-PAST_THE_END = {"x_ptr": float("inf"), "y_ptr": -float("inf")}
+# what the buffers hold after each tensor: after x and y a signalling NaN, which NumPy (the
+# interpreter's arithmetic) reports as an invalid value once it is added to anything, so a single
+# unmasked load shows (+inf after x and −inf after y caught only both: inf + (−inf), while the
+# masked load's 0 + (−inf) is a quiet −inf); after out, a value no store writes
+PAST_THE_END = {"x_ptr": SIGNALLING_NAN, "y_ptr": SIGNALLING_NAN}
 UNWRITTEN = 7.0
 
 
 def _launch_padded(kernel, grid, args, kwargs):
-    """add_kernel on copies of x, y and out at the start of larger buffers (+inf after x, −inf after
-    y, 7.0 after out), copied back; fails if it stored past the end of a tensor or loaded past the
-    end of x and y."""
+    """add_kernel on copies of x, y and out at the start of larger buffers (a signalling NaN after x
+    and y, 7.0 after out), copied back; fails if it stored past the end of a tensor or loaded past
+    the end of x or y."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, UNWRITTEN))
@@ -35,7 +46,7 @@ def _launch_padded(kernel, grid, args, kwargs):
     problems = []
     for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)
-        written = (buffer[~inside] != fill).sum().item()
+        written = written_outside(buffer, inside, fill)
         if written:
             problems.append(
                 f"add_kernel stored {written} elements past the end of {name.removesuffix('_ptr')} "
@@ -43,8 +54,8 @@ def _launch_padded(kernel, grid, args, kwargs):
                 "mask=offsets < n), so that the last program, which hangs over the end, writes only elements < n")
     if any("invalid value" in str(w.message) for w in caught):
         problems.append(
-            "add_kernel loaded past the end of x and y (here +inf and −inf lie there, and the kernel added them: "
-            "inf + (−inf) = NaN): mask the loads too, tl.load(x_ptr + offsets, mask=offsets < n), since the memory "
+            "add_kernel loaded past the end of x or y (here a signalling NaN lies there, and the kernel added it): "
+            "mask every load, tl.load(x_ptr + offsets, mask=offsets < n) and the same for y, since the memory "
             "after element n − 1 is not yours to read")
     assert not problems, "; ".join(problems)
 
@@ -67,6 +78,9 @@ def _assert_sum(out, x, y, block, what="vector_add(x, y)"):
         if 0 < covered < n and first >= covered:
             hint = (f". Every wrong element is at index ≥ {covered} = (n // block) · block: a grid of n // block "
                     f"programs leaves the last {n - covered} unwritten; launch triton.cdiv(n, block) programs")
+        elif covered == 0 and len(wrong) == n:
+            hint = (f". No element was written: with n = {n} < block = {block}, a grid of n // block = 0 programs "
+                    "launches nothing; launch triton.cdiv(n, block) programs (the last one masked)")
         raise AssertionError(
             f"{what} with n = {n}, block = {block}: {len(wrong)} of {n} elements differ from x + y, the first at "
             f"index {first} (got {out[first].item()}, expected {want[first].item()}){hint}")
@@ -81,7 +95,7 @@ def test_kernel_stores_nothing_past_the_end(exercise):
     exercise.vector_add(x[:block], y[:block], block=block)  # a stub launcher raises: "not started", not a failure
     exercise.add_kernel[(triton.cdiv(n, block),)](x, y, buffer, n, BLOCK=block)
     _assert_sum(buffer[:n], x, y, block, what="add_kernel alone")
-    assert (buffer[n:] == UNWRITTEN).all(), "the kernel wrote past element n − 1: mask the store with offsets < n"
+    require((buffer[n:] == UNWRITTEN).all(), "the kernel wrote past element n − 1: mask the store with offsets < n")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashlab import assert_close, reference_attention, reference_gradients
+from tests.hints import require
 
 
 def test_scores_match_matmul(exercise):
@@ -68,7 +69,9 @@ def test_large_scores_do_not_overflow(exercise):
     v = torch.randn(1, 2, 11, 16, dtype=torch.float64)
     out = exercise.attention(q, k, v)
     biggest = (q @ k.transpose(-1, -2) * 16 ** -0.5).amax(-1).max().item()
-    assert torch.isfinite(out).all(), (
-        f"scores up to {biggest:.0f} gave inf or NaN: exp(S) overflows (inf / inf = NaN). Subtract each row's "
-        "maximum before the exponential (exp(S − max) ≤ 1, the same softmax), or use torch.softmax(scores, dim=-1)")
+    require(torch.isfinite(out).all(), (
+        f"scores up to {biggest:.0f} gave inf or NaN: exp(S) overflows (inf / inf = NaN) or, shifted by one maximum "
+        "for the whole tensor, underflows to 0 in rows whose scores lie far below it (0 / 0 = NaN). Subtract each "
+        "row's own maximum before the exponential (S − S.amax(-1, keepdim=True): exp ≤ 1 and each row's largest term "
+        "is 1, the same softmax), or use torch.softmax(scores, dim=-1)"))
     assert_close(out, reference_attention(q, k, v), dtype=torch.float64)

@@ -10,6 +10,8 @@ from torch.utils._pytree import tree_leaves
 
 from flashlab import TOLERANCE, assert_close, reference_attention, rel_error
 from flashlab.instrument import LargestTensor
+from tests.causal_tilings import CAUSAL_TILINGS
+from tests.hints import require
 
 CASES = [(1, 1, 16), (17, 17, 16), (100, 37, 8), (37, 100, 8), (260, 260, 16)]
 
@@ -96,10 +98,17 @@ def test_rows_of_very_negative_scores(exercise, is_causal):
     try:
         assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=1e-4)
     except AssertionError as error:
-        hint = ("\nhint: NaN or 0 in rows whose every score is far below 0: e^(S − m) underflows fp32 to 0 for "
-                "S − m below ≈ −88 (−103 with subnormals), so l = 0, unless m is the row's true running max. "
-                "Start it at −inf (torch.full(…, -torch.inf)), not at 0 (torch.zeros), and update "
-                "m' = max(m, rowmax S)") if not torch.isfinite(out).all() or (out[rows] == 0).any() else ""
+        bad = (~torch.isfinite(out)).any(-1) | (out == 0).all(-1)          # per (batch, head, query row)
+        if is_causal and bad.nonzero()[:, -1].unique().tolist() == [0]:
+            hint = ("\nhint: only query row 0 is NaN or 0: query i must see keys 0..i, its own key included (mask "
+                    "where kj > qi, not kj >= qi); with key 0 masked, row 0 has no key at all (0/0)")
+        elif bad.any():
+            hint = ("\nhint: NaN or 0 in rows whose every score is far below 0: e^(S − m) underflows fp32 to 0 for "
+                    "S − m below ≈ −88 (−103 with subnormals), so l = 0, unless m is the row's true running max. "
+                    "Start it at −inf (torch.full(…, -torch.inf)), not at 0 (torch.zeros), and update "
+                    "m' = max(m, rowmax S)")
+        else:
+            hint = ""
         raise AssertionError(f"{error}{hint}") from None
 
 
@@ -149,8 +158,30 @@ def test_causal_never_reads_keys_past_the_last_query(exercise):
     k, v = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
     v[:, :, 64:] = float("nan")                   # past the block of keys 32..63 (block_n = 32)
     out, _ = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=16, block_n=32)
-    assert torch.isfinite(out).all(), "the loop visited key blocks that lie entirely above the diagonal"
+    bad_rows = (~torch.isfinite(out)).any(-1).any(0).any(0).nonzero().flatten().tolist()
+    require(bad_rows != [0], (
+        "query row 0 came out non-finite and no other row did: query i must see keys 0..i, its own key included "
+        "(mask the scores where kj > qi, not kj >= qi); with key 0 masked, row 0 has no key at all (0/0)"))
+    require(not bad_rows, (f"query rows {bad_rows[:8]}{' …' if len(bad_rows) > 8 else ''} came out non-finite: the "
+                          "loop visited key blocks that lie entirely above the diagonal (their values hold NaN here)"))
     assert_close(out, reference_attention(q, k[:, :, :40], v[:, :, :40], is_causal=True))
+
+
+@pytest.mark.parametrize("Nq,Nk,block_m,block_n", CAUSAL_TILINGS)
+def test_causal_tiles_cut_by_the_diagonal_are_computed(exercise, Nq, Nk, block_m, block_n):
+    """Causal: stop a query block's key loop only after the block's last row (i + rows − 1); a tile
+    the diagonal cuts, even at one corner, is computed and masked. A learner's loop that broke at the
+    block's first row passed every square tiling and was off by 0.3–0.7 at block_m = 64, block_n = 32."""
+    q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64) for n in (Nq, Nk, Nk))
+    out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=block_m, block_n=block_n)
+    want = reference_attention(q, k, v, is_causal=True)
+    close = torch.isclose(out, want.to(out.dtype), rtol=1e-9, atol=1e-9 * want.abs().max().item())  # NaN: not close
+    rows = (~close).any(-1).flatten(0, -2).any(0).nonzero().flatten().tolist()
+    require(not rows, (
+        f"query rows {rows} differ from the float64 reference (causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, "
+        f"block_n={block_n}). A query block's key loop must run to its last row's key, min(Nk, i + rows) with rows "
+        "that block's real height (the last block may be cut short), not stop at its first row i; a tile the "
+        "diagonal cuts is computed with the mask kj > qi"))
 
 
 def test_float64_inputs_keep_float64(exercise):
