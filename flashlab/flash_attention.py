@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,9 @@ def interpreted_tiles_allowed(tiles: int) -> bool:
 def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     if not isinstance(is_causal, bool):                 # 'yes' or None would otherwise read as truthy or falsy
         raise TypeError(f"is_causal: {is_causal!r} is not a bool. Pass True (query i sees keys 0..i) or False.")
+    if not isinstance(enable_gqa, bool):                # as SDPA's argument parser: 'yes' is no bool
+        raise TypeError(f"enable_gqa: {enable_gqa!r} is not a bool. Pass True (k and v may have fewer heads than "
+                        "q) or False.")
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale, enable_gqa=enable_gqa, sdpa_semantics=True,
                            names=("query", "key", "value"))
     if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p <= 1.0):
@@ -50,12 +54,17 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
     check_window(window)
 
 
+_PLAIN_SCALARS = (float, int, type(None))
+
+
 def _scalar_argument(value):
-    """A 0-d tensor given for ``scale`` or ``dropout_p`` as its Python number, as SDPA's
-    argument parser reads it (on a GPU that waits for the value, as SDPA's does); anything else as
-    given, for the checks to judge."""
+    """A 0-d tensor or a NumPy scalar given for ``scale`` or ``dropout_p`` as its Python number, as
+    SDPA's argument parser reads them (a tensor on a GPU waits for the value, as SDPA's does);
+    anything else as given, for the checks to judge."""
     if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
         return value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float, torch.SymInt, torch.SymFloat)):
+        return float(value)                       # np.float32(0.5), np.int64(1): not bool-like np.bool_
     return value
 
 
@@ -90,6 +99,11 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     if dropout_p >= 1:
         return False                                  # all dropped (zeros, as SDPA): no 1/(1 − p) for the kernels
     if q.device.type == "cpu":
+        if torch.compiler.is_exporting() and not all(type(n) is int for n in (*q.shape, *k.shape)):
+            # torch.export with dynamic sizes: the tile limit would be a guard on them, which export turns
+            # into an assertion that fails inside the program's own declared range; the PyTorch path
+            # (plain operations) runs at every size
+            return False
         return interpreter_tiles(q, k, band) <= _cpu_tile_limit()
     return True
 
@@ -200,8 +214,13 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = query, key, value
     if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
         q, k, v = _same_rank(q, k, v)
-    if isinstance(scale, torch.Tensor) or isinstance(dropout_p, torch.Tensor):
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.shape[:-3] != k.shape[:-3]:
+        q = _query_batch_broadcast(q, k, v)
+    if type(scale) not in _PLAIN_SCALARS or type(dropout_p) not in _PLAIN_SCALARS:
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
+    if (isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.float32 and isinstance(q, torch.Tensor)
+            and q.dtype in (torch.float16, torch.bfloat16)):
+        attn_mask = attn_mask.to(q.dtype)     # SDPA takes a float32 mask beside any query dtype
     if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
@@ -215,7 +234,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=plan.transformed)
+        # traced (compile, export, torch.func): the einsum version, whose plain operations take symbolic
+        # sizes (the tiled version's Python loop over tiles would fix the length into the graph)
+        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=not plan.eager)
 
     if plan.eager:            # the kernels read storage (a traced call's op gets its inputs through the dispatcher)
         q, k, v, attn_mask = without_neg_views(q, k, v, attn_mask)
@@ -288,7 +309,7 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     if not qkv.is_floating_point():
         raise ValueError(f"qkv: dtype {qkv.dtype} is not supported here. Use torch.float16, torch.bfloat16, "
                          "torch.float32 or torch.float64, e.g. qkv.to(torch.float32).")
-    if isinstance(scale, torch.Tensor) or isinstance(dropout_p, torch.Tensor):
+    if type(scale) not in _PLAIN_SCALARS or type(dropout_p) not in _PLAIN_SCALARS:
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
     if _autocasting(qkv):
         qkv = _autocast_inputs(qkv, None, None, None)[0]
@@ -375,10 +396,14 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         if window == (-1, -1):                               # unbounded both ways: no window at all
             window = None
     band = None if window is None else window_band(window, is_causal, q.shape[-2], k.shape[-2])
+    # the interpreter's tiles, for the CPU's limit: a window's exact count loops over query blocks, which
+    # under torch.compile would fix the length into the graph (a recompile for every new length), so a
+    # traced call counts every tile, an upper bound
+    tile_band = None if compiling else band
     head_dim, value_dim = q.shape[-1], v.shape[-1]
     width = max(head_dim, value_dim)
     tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
-    kernels = not transformed and _uses_kernels(q, k, v, attn_mask, float(dropout_p), band)
+    kernels = not transformed and _uses_kernels(q, k, v, attn_mask, float(dropout_p), tile_band)
     small = eager and kernels and window is None and _small_path().takes_eager_path(
         q.shape[-2], k.shape[-2], width, q.dtype, q.device)
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
@@ -386,12 +411,25 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
                  small=small, transformed=transformed, window=window,
-                 cpu_tiles=interpreter_tiles(q, k, band) if kernels and q.device.type == "cpu" else 0)
+                 cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+def _query_batch_broadcast(q, k, v):
+    """q expanded (a view) to the batch dimensions it shares with k and v by broadcasting, as SDPA
+    broadcasts a query of batch 1, or of fewer dimensions, against keys of batch B. As given when
+    they do not broadcast (for the checks to name) or q's already hold them (k's broadcast to q's)."""
+    if not (q.dim() >= 3 and k.dim() >= 3 and isinstance(v, torch.Tensor) and v.dim() >= 3):
+        return q
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError:
+        return q
+    return q if tuple(batch) == tuple(q.shape[:-3]) else q.expand(*batch, *q.shape[-3:])
 
 
 def _same_rank(q, k, v):

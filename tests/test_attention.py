@@ -196,7 +196,8 @@ def test_a_causal_module_given_a_padding_mask_stays_causal(mask_kind):
     ({"k": torch.randn(1, 2, 8, 8)}, "key"),                        # q·k head dims differ
     ({"attn_mask": torch.ones(3, 9, dtype=torch.bool)}, "attn_mask"),
     ({"v": torch.randn(1, 2, 9, 16)}, "value"),                     # one value row per key
-    ({"k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)}, "key"),   # batch 3 vs q's 1
+    ({"q": torch.randn(2, 2, 8, 16), "k": torch.randn(3, 2, 8, 16), "v": torch.randn(3, 2, 8, 16)},
+     "key"),                                                        # batch 3 vs q's 2: no broadcast
     ({"scale": float("nan")}, "scale"),                            # any finite scale is SDPA's (0 too)
     ({"scale": "0.5"}, "scale"),
     ({"window": (-2, 0)}, "window"),

@@ -730,8 +730,11 @@ def test_autocast_casts_the_inputs_as_it_casts_sdpas(n):
             assert_close(got.float(), want.float(), tol=2e-2)
         as_64 = [t.double() for t in (q, k, v)]
         assert attention(*as_64).dtype == torch.float64           # float64 is not autocast's to change
-    with pytest.raises(ValueError, match="attn_mask: dtype torch.float32"):
-        attention(q.to(lower), k.to(lower), v.to(lower), attn_mask=mask)   # outside autocast: refused, as before
+    low = [t.to(lower) for t in (q, k, v)]               # outside autocast: SDPA takes a float32 mask too
+    assert_close(attention(*low, attn_mask=mask).float(), F.scaled_dot_product_attention(*low, attn_mask=mask).float(),
+                 tol=2e-2)
+    with pytest.raises(ValueError, match="attn_mask: dtype torch.float64"):
+        attention(*low, attn_mask=mask.double())                   # float64 is neither: refused, as SDPA does
 
 
 def test_torch_func_transforms_run_the_einsum_version():
@@ -888,3 +891,82 @@ def test_a_scale_that_varies_between_calls_compiles_with_fullgraph():
         assert torch.equal(compiled(q, s), attention(q, q, q, scale=s)), s
     with pytest.raises(Exception, match="scale: expected a finite number"):   # Dynamo wraps it under fullgraph
         compiled(q, float("nan"))
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's choice between the interpreter and the PyTorch path")
+@pytest.mark.parametrize("route", ["window, interpreted kernels", "causal, FLASHLAB_CPU_KERNELS=0"])
+def test_dynamic_lengths_compile_once_on_a_cpu(route, monkeypatch):
+    """A practitioner's trial: with dynamic=True, a window's tile count (a Python loop over query
+    blocks) and the PyTorch path's tiled loop fixed the length into the graph: one graph per length,
+    and after eight FailOnRecompileLimitHit under fullgraph."""
+    import torch._dynamo.testing
+
+    from flashlab.naive import window_keep_mask
+    kwargs = {"is_causal": True, "window": (4, 0)} if route.startswith("window") else {"is_causal": True}
+    if route.endswith("=0"):
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, **kwargs), fullgraph=True, dynamic=True,
+                             backend=counter)
+    graphs = []
+    for n in (40, 50, 70, 90, 33, 61, 77, 100, 120, 13):
+        q, k, v = (torch.randn(1, 2, n, 16, requires_grad=True) for _ in range(3))
+        got = compiled(q, k, v)
+        keep = window_keep_mask(n, n, True, kwargs.get("window"))            # causal, and the window if any
+        assert_close(got, F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=keep),
+                     what=f"N = {n}")
+        got.sum().backward()
+        graphs.append(counter.frame_count)
+    assert graphs == [graphs[0]] * len(graphs), f"graphs compiled so far, per length: {graphs}"
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's choice between the interpreter and the PyTorch path")
+def test_an_export_with_dynamic_sizes_runs_at_every_size_it_declares():
+    """A practitioner's trial: exported with B ≤ 16 and N ≤ 256, the program asserted 'Guard failed:
+    2·B·⌈N/32⌉² ≤ 1024' (the interpreter's tile limit) at sizes inside that range. On a CPU an export
+    with dynamic sizes now records the PyTorch path, which runs at any size."""
+    from torch.export import Dim, export
+
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v):
+            return attention(q, k, v, is_causal=True)
+
+    q = torch.randn(2, 2, 40, 8)
+    batch, length = Dim("B", max=16), Dim("N", min=2, max=256)
+    exported = export(Causal(), (q, q, q), dynamic_shapes=[{0: batch, 2: length}] * 3)
+    for shape in ((2, 2, 64, 8), (16, 2, 256, 8), (3, 2, 17, 8)):       # 2,048 tiles at the largest
+        x = torch.randn(shape)
+        assert_close(exported.module()(x, x, x), F.scaled_dot_product_attention(x.double(), x.double(), x.double(),
+                                                                                is_causal=True), what=f"{shape}")
+
+
+def test_inputs_sdpa_broadcasts_or_converts_are_taken():
+    """A practitioner's trial: SDPA takes these and flashlab refused them (in one line each): a query
+    of batch 1 or of fewer dimensions beside keys of batch B (it broadcasts), a float32 mask beside
+    half-precision inputs, NumPy scalars for scale and dropout_p."""
+    import numpy as np
+
+    q, k, v = torch.randn(4, 40, 16, device=DEVICE), torch.randn(2, 4, 40, 16, device=DEVICE), \
+        torch.randn(2, 4, 40, 16, device=DEVICE)
+    tol = 1e-5 if not CUDA else 3e-3
+    for query in (q, q[None]):                                # (H, N, D) and (1, H, N, D) beside (2, H, N, D)
+        query = query.clone().requires_grad_()
+        got = attention(query, k, v)
+        want = F.scaled_dot_product_attention(query.double(), k.double(), v.double())
+        assert got.shape == want.shape == (2, 4, 40, 16)
+        assert_close(got, want, tol=tol)
+        grad = torch.randn_like(got)
+        assert_close(torch.autograd.grad(got, query, grad)[0], torch.autograd.grad(want, query, grad.double())[0],
+                     tol=tol * 10, what="dq (summed over the broadcast batch)")
+    mask = torch.randn(40, 40, device=DEVICE)
+    for dtype in (torch.float16, torch.bfloat16):
+        low = [t.to(dtype) for t in (q, k, v)]
+        got = attention(*low, attn_mask=mask)
+        assert got.dtype == dtype
+        assert_close(got.float(), F.scaled_dot_product_attention(*[t.double() for t in low], attn_mask=mask.double()),
+                     tol=2e-2, what=f"{dtype} with a float32 mask")
+    got = attention(q, k, v, scale=np.float32(0.5), dropout_p=np.float64(0.0))
+    assert_close(got, F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.5), tol=tol)
+    with pytest.raises(TypeError, match="^enable_gqa: 'yes' is not a bool"):
+        attention(q, k, v, enable_gqa="yes")
