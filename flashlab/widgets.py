@@ -30,7 +30,7 @@ def draw_tile_step(steps, step, n_queries, n_keys, block_m, block_n, is_causal=F
     """Figure for one step: which tiles of the (virtual) score matrix are done, on chip or
     skipped, and the running softmax state of the first ``rows`` rows of the query tile."""
     state = steps[step]
-    fig, (grid, table) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]})
+    fig, (grid, table) = plt.subplots(1, 2, figsize=(10, 4.4), gridspec_kw={"width_ratios": [1.1, 1]})
     for q0 in range(0, n_queries, block_m):
         for k0 in range(0, n_keys, block_n):
             h, w = min(block_m, n_queries - q0), min(block_n, n_keys - k0)
@@ -42,13 +42,14 @@ def draw_tile_step(steps, step, n_queries, n_keys, block_m, block_n, is_causal=F
                                      hatch="//" if skipped else None))
     grid.set(xlim=(0, n_keys), ylim=(n_queries, 0), xlabel="key index j  (K/V tiles)",
              ylabel="query index i  (Q tiles)",
-             title=f"step {step + 1}/{len(steps)}: Q tile at row {state['q_start']}, "
-                   f"K/V tile at row {state['k_start']}")
+             title=f"step {step + 1}/{len(steps)}: queries {state['q_start']}–"
+                   f"{min(state['q_start'] + block_m, n_queries) - 1} × keys {state['k_start']}–"
+                   f"{min(state['k_start'] + block_n, n_keys) - 1}")
     grid.set_aspect("equal")
     grid.legend(handles=[Rectangle((0, 0), 1, 1, fc=c, ec="k", hatch=h) for c, h in
                          (("tab:orange", None), ("0.6", None), ("0.92", None), ("white", "//"))],
                 labels=["on chip now", "done", "to do", "skipped (causal)"], fontsize=7,
-                loc="lower left")
+                loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4)   # below the grid: never over a tile
     m, l = state["m"].reshape(-1), state["l"].reshape(-1)
     acc = state["acc"].reshape(len(m), -1)
     lines = ["row   running max m   running sum l   partial output acc/l (first 3)"]
