@@ -55,7 +55,14 @@ def test_attention_scale_and_gradients(exercise):
     out = exercise.attention(q, k, v, scale=0.3)
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    assert_close(out, reference_attention(q, k, v, scale=0.3))
+    try:
+        assert_close(out, reference_attention(q, k, v, scale=0.3))
+    except AssertionError as error:
+        with torch.no_grad():
+            ignored = torch.equal(out, exercise.attention(q, k, v))
+        hint = (f"\nhint: with scale=0.3 you return what you return with the default 1/√D = {8 ** -0.5:.3f}: use the "
+                "scale argument (1/√D only when it is None)") if ignored else ""
+        raise AssertionError(f"{error}{hint}") from None
     ref_grads = reference_gradients(q, k, v, grad_out, scale=0.3)
     for name, g, rg in zip("qkv", grads, ref_grads):
         assert_close(g, rg, what=f"d{name}")
