@@ -214,8 +214,6 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     q, k, v = query, key, value
     if not (getattr(q, "ndim", None) == getattr(k, "ndim", None) == getattr(v, "ndim", None)):
         q, k, v = _same_rank(q, k, v)
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.shape[:-3] != k.shape[:-3]:
-        q = _query_batch_broadcast(q, k, v)
     if type(scale) not in _PLAIN_SCALARS or type(dropout_p) not in _PLAIN_SCALARS:
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
     if (isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.float32 and isinstance(q, torch.Tensor)
@@ -227,6 +225,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
     if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
         count_interpreted(plan.cpu_tiles)
+    if plan.query_batch is not None:                        # q broadcast to k's batch, as in SDPA
+        q = q.expand(*plan.query_batch, *q.shape[-3:])
     if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
         k = k.expand(*q.shape[:-3], *k.shape[-3:])
         v = v.expand(*q.shape[:-3], *v.shape[-3:])
@@ -238,7 +238,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         # sizes (the tiled version's Python loop over tiles would fix the length into the graph)
         return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=not plan.eager)
 
-    if plan.eager:            # the kernels read storage (a traced call's op gets its inputs through the dispatcher)
+    # the kernels read storage, so a view with the negative bit is resolved first (a traced call's op gets
+    # its inputs through the dispatcher, which does that); inline, not a loop: this runs on every call
+    if plan.eager and (q.is_neg() or k.is_neg() or v.is_neg() or (attn_mask is not None and attn_mask.is_neg())):
         q, k, v, attn_mask = without_neg_views(q, k, v, attn_mask)
     q4, k4, v4, mask4 = q, k, v, attn_mask
     if plan.reshape:
@@ -359,6 +361,7 @@ class _Plan(NamedTuple):
     transformed: bool        # inside a torch.func transform or a jit trace: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
     cpu_tiles: int           # the kernels on a CPU: tiles the interpreter runs per forward (else 0)
+    query_batch: tuple | None = None   # q's batch dimensions broadcast to k's and v's (SDPA's rule), else None
 
 
 _PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
@@ -387,6 +390,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
+    unbroadcast = q
+    q = _query_batch_broadcast(q, k, v)        # the checks and decisions below see q as the call will use it
+    query_batch = None if q is unbroadcast else tuple(q.shape[:-3])
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
     if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
         raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
@@ -411,7 +417,8 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
                  small=small, transformed=transformed, window=window,
-                 cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0)
+                 cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0,
+                 query_batch=query_batch)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -423,7 +430,7 @@ def _query_batch_broadcast(q, k, v):
     """q expanded (a view) to the batch dimensions it shares with k and v by broadcasting, as SDPA
     broadcasts a query of batch 1, or of fewer dimensions, against keys of batch B. As given when
     they do not broadcast (for the checks to name) or q's already hold them (k's broadcast to q's)."""
-    if not (q.dim() >= 3 and k.dim() >= 3 and isinstance(v, torch.Tensor) and v.dim() >= 3):
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) or q.shape[:-3] == k.shape[:-3]:
         return q
     try:
         batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
