@@ -53,6 +53,9 @@ progress:
 notebooks: install
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=1800 notebooks/[0-9]*.ipynb
+	# then one block per stream and cell: a kernel that flushed twice leaves two outputs, shown apart
+	# (nbconvert merges streams before executing, not after, so it is a second pass)
+	$(BIN)/jupyter nbconvert --coalesce-streams notebooks/[0-9]*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

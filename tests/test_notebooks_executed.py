@@ -29,3 +29,17 @@ def test_no_errors_and_first_cell_imports_flashlab(path):
         assert all(o["output_type"] != "error" for o in c.get("outputs", [])), \
             f"{path.name}: a cell was committed with an error"
     assert "flashlab" in "".join(cells[0]["source"]), f"{path.name}: first code cell must import flashlab"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_printed_output_is_one_block_per_stream(path):
+    """A learner's trial saw blank lines inside a cell's printout on GitHub and in some viewers:
+    a kernel that flushes stdout twice leaves two consecutive stream outputs, shown as two blocks.
+    `make notebooks` merges them (nbconvert --coalesce-streams) after executing."""
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        outputs = cell.get("outputs", [])
+        for before, after in zip(outputs, outputs[1:]):
+            assert not (before["output_type"] == after["output_type"] == "stream"
+                        and before["name"] == after["name"]), (
+                f"{path.name}, cell {index}: two consecutive {before['name']} outputs; run `make notebooks` "
+                "(or jupyter nbconvert --coalesce-streams on the notebook)")
