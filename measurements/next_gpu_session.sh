@@ -106,6 +106,11 @@
 # tiles, then at once on the same warm machine defaults-from-tiles (the idle release is 30 s), then here copy
 # the records to results/h200/ and rerun measurements.small_defaults on them; tsp100-finish; rl4co-and-suite.
 # On an H100: defaults-verify (its shipped launches file has not been verified).
+# 2026-12-06 (second session): after eight H200 refusals a call got an H100: tiles, defaults-verify with
+# launches from those records, then an interleaved A/B of the table (results/README.md, "Issue 19 on an H100
+# again"); the H100's launches file is now written from all four of its records. Still on the H200, in order:
+# tiles, defaults-from-tiles on the same warm machine (then here: copy the records and roofline_peaks.json to
+# results/h200/, rerun measurements.small_defaults, re-execute notebook 02), tsp100-finish, rl4co-and-suite.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
