@@ -153,8 +153,11 @@ def check_attention_inputs(
         if not isinstance(attn_mask, torch.Tensor):
             _fail("attn_mask", f"expected a torch.Tensor or None, got {type(attn_mask).__name__}",
                   "Pass a boolean (True = take part) or float (added to scores) tensor.")
-        if attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
-            _fail("attn_mask", f"dtype {attn_mask.dtype} is neither bool nor {Q}'s dtype {q.dtype}",
+        # SDPA's rule: bool, the query's dtype, or float32 beside any query dtype (the kernels and the
+        # PyTorch path add a float mask to the scores in float32, so it is never rounded to fp16/bf16)
+        if attn_mask.dtype not in (torch.bool, q.dtype) and not (sdpa_semantics and attn_mask.dtype == torch.float32):
+            also = ", float32" if sdpa_semantics else ""
+            _fail("attn_mask", f"dtype {attn_mask.dtype} is neither bool{also} nor {Q}'s dtype {q.dtype}",
                   f"Use a boolean mask or attn_mask.to({q.dtype}).")
         if attn_mask.device != q.device:
             _fail("attn_mask", f"is on {attn_mask.device} but {Q} is on {q.device}",

@@ -216,9 +216,6 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         q, k, v = _same_rank(q, k, v)
     if type(scale) not in _PLAIN_SCALARS or type(dropout_p) not in _PLAIN_SCALARS:
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
-    if (isinstance(attn_mask, torch.Tensor) and attn_mask.dtype == torch.float32 and isinstance(q, torch.Tensor)
-            and q.dtype in (torch.float16, torch.bfloat16)):
-        attn_mask = attn_mask.to(q.dtype)     # SDPA takes a float32 mask beside any query dtype
     if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
