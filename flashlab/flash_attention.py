@@ -16,7 +16,7 @@ from . import ops, runtime
 from .checks import check_attention_inputs, check_window, default_scale, without_neg_views
 from .interpreter_notice import InterpreterWarning, count_interpreted, interpreter_tiles  # noqa: F401
 from .layouts import unpack_qkv
-from .naive import naive_attention_unchecked, window_band
+from .naive import causal_keep_mask, naive_attention_unchecked, window_band
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
 from .runtime import input_precision
 from .tiled import tiled_attention_unchecked
@@ -491,7 +491,7 @@ def _small_eager(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precisio
 def _with_causal(attn_mask: torch.Tensor, n: int) -> torch.Tensor:
     """``attn_mask`` (bool: True takes part; float: added to the scores) with the causal mask folded
     in: query i sees keys 0..i and what ``attn_mask`` lets it see of them."""
-    sees = torch.ones(n, n, dtype=torch.bool, device=attn_mask.device).tril()
+    sees = causal_keep_mask(n, n, attn_mask.device)
     if attn_mask.dtype == torch.bool:
         return attn_mask & sees
     return torch.where(sees, attn_mask, float("-inf"))   # broadcasts a (B, 1, 1, N) padding mask to (B, 1, N, N)

@@ -82,7 +82,7 @@ def pack(documents: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int
     """Documents back to back: tokens ``(total,)``, ``cu_seqlens`` (int32, n + 1) and the longest length."""
     _check_documents(documents)
     lengths = [len(d) for d in documents]
-    return torch.cat(documents), cu_seqlens_from_lengths(lengths), max(lengths, default=0)
+    return torch.cat(documents), cu_seqlens_from_lengths(lengths), max(lengths)   # non-empty: checked
 
 
 def pad(documents: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

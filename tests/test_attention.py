@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from flashlab import assert_close, autotune, flash_attention, naive_attention, reference_attention, reference_gradients
 from flashlab.flash_attention import MultiHeadAttention, attention
 from flashlab.flash_launch import draw_dropout_seed, dropout_keep_mask
+from flashlab.naive import causal_keep_mask
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -179,7 +180,7 @@ def test_a_causal_module_given_a_padding_mask_stays_causal(mask_kind):
     keep = torch.ones(2, 1, 1, 10, dtype=torch.bool, device=DEVICE)
     keep[1, ..., 7:] = False                                   # the second sequence is 7 tokens long
     mask = keep if mask_kind == "bool" else torch.zeros(keep.shape, device=DEVICE).masked_fill(~keep, -1e9)
-    causal = torch.ones(10, 10, dtype=torch.bool, device=DEVICE).tril()
+    causal = causal_keep_mask(10, 10, DEVICE)
     want = reference(x, attn_mask=keep & causal)      # both masks, spelt out, through SDPA
     assert_close(layer(x, attn_mask=mask), want.double(), tol=1e-3 if CUDA else 1e-5)
     nothing_masked = torch.ones_like(keep)
