@@ -120,14 +120,16 @@ def check_attention_inputs(
             _fail(K, f"has {heads_kv} heads, {Q} {heads}",
                   f"For grouped-query attention pass enable_gqa=True (each {K}/{V} head then serves "
                   f"{heads // heads_kv} {Q} heads).")
-        gqa = f" (or, with enable_gqa=True, {K} and {V} a number that divides {Q}'s: {divisors})"
+        gqa = (f" (or one, which broadcasts; or, with enable_gqa=True, {K} and {V} a number that divides {Q}'s: "
+               f"{divisors})")
         _fail(K, f"has {heads_kv} heads, {Q} {heads}",
               f"{Q}, {K} and {V} must have the same number of heads{gqa if sdpa_semantics else ''}.")
     elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         bad, t = (K, k) if q.shape[:-2] != k.shape[:-2] else (V, v)
-        gqa = f" (with enable_gqa=True, {K} and {V} may have a number of heads that divides {Q}'s)"
+        sdpa = (f", or broadcast against each other as in SDPA (each size equal or 1; with enable_gqa=True, {K} "
+                f"and {V} may have a number of heads that divides {Q}'s)")
         _fail(bad, f"leading (batch, head) dimensions {tuple(t.shape[:-2])} differ from {Q}'s {tuple(q.shape[:-2])}",
-              f"{Q}, {K} and {V} must share every dimension but the last two{gqa if sdpa_semantics else ''}.")
+              f"{Q}, {K} and {V} must share every dimension but the last two{sdpa if sdpa_semantics else ''}.")
     if k.shape[-1] != q.shape[-1]:
         _fail(K, f"head dimension {k.shape[-1]} differs from {Q}'s {q.shape[-1]}",
               f"{Q} and {K} must have the same last dimension (they are multiplied together).")

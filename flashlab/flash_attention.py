@@ -138,9 +138,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     Args:
         query (q below): ``(…, H, Nq, D)``; key (k): ``(…, H_kv, Nk, D)``; value (v):
             ``(…, H_kv, Nk, Dv)``, any number of leading dimensions (also none: ``(N, D)``),
-            k/v's broadcasting to q's (also from a lower rank: ``(H, N, D)`` beside
-            ``(B, H, N, D)``). ``H_kv = H``,
-            or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
+            broadcasting against each other as in SDPA, heads included (also from a lower
+            rank: ``(H, N, D)`` beside ``(B, H, N, D)``; a key of one head serves every query
+            head). ``H_kv = H`` (or 1), or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
             float32 or float64; any strides; zero-size dimensions give empty (or, Nk = 0, zero)
             outputs and zero gradients, as in SDPA.
         attn_mask: broadcastable to ``(…, H, Nq, Nk)``; boolean (True = takes part) or float
@@ -222,11 +222,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
     if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
         count_interpreted(plan.cpu_tiles)
-    if plan.query_batch is not None:                        # q broadcast to k's batch, as in SDPA
-        q = q.expand(*plan.query_batch, *q.shape[-3:])
-    if plan.expand_batch:                                   # batch dimensions broadcast, as in SDPA
-        k = k.expand(*q.shape[:-3], *k.shape[-3:])
-        v = v.expand(*q.shape[:-3], *v.shape[-3:])
+    if plan.broadcast is not None:                          # leading dimensions broadcast, as in SDPA (views)
+        q, k, v = _expand_leading(q, k, v, *plan.broadcast)
     if not plan.kernels:
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
@@ -347,7 +344,6 @@ class _Plan(NamedTuple):
     options), once per signature for eager calls: the checks passed, and these."""
     scale: float
     dropout_p: float
-    expand_batch: bool       # k/v batch dimensions broadcast to q's
     kernels: bool            # the Triton kernels (else the PyTorch path)
     reshape: bool            # not (B, H, N, D): flattened to 4-D for the kernels and back
     pad_qk: int              # zero columns added to q and k (Dv > D)
@@ -358,7 +354,7 @@ class _Plan(NamedTuple):
     transformed: bool        # inside a torch.func transform or a jit trace: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
     cpu_tiles: int           # the kernels on a CPU: tiles the interpreter runs per forward (else 0)
-    query_batch: tuple | None = None   # q's batch dimensions broadcast to k's and v's (SDPA's rule), else None
+    broadcast: tuple | None = None     # (leading shape, dimensions it excludes) q, k, v broadcast to, else None
 
 
 _PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
@@ -387,9 +383,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
-    unbroadcast = q
-    q = _query_batch_broadcast(q, k, v)        # the checks and decisions below see q as the call will use it
-    query_batch = None if q is unbroadcast else tuple(q.shape[:-3])
+    broadcast = _leading_broadcast(q, k, v, enable_gqa)
+    if broadcast is not None:                  # the checks and decisions below see q, k, v as the call will use them
+        q, k, v = _expand_leading(q, k, v, *broadcast)
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
     if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
         raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
@@ -410,12 +406,12 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     small = eager and kernels and window is None and _small_path().takes_eager_path(
         q.shape[-2], k.shape[-2], width, q.dtype, q.device)
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
-                 expand_batch=q.dim() >= 3 and k.shape[:-3] != q.shape[:-3], kernels=kernels,
+                 kernels=kernels,
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
                  small=small, transformed=transformed, window=window,
                  cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0,
-                 query_batch=query_batch)
+                 broadcast=broadcast)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -423,17 +419,28 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     return plan
 
 
-def _query_batch_broadcast(q, k, v):
-    """q expanded (a view) to the batch dimensions it shares with k and v by broadcasting, as SDPA
-    broadcasts a query of batch 1, or of fewer dimensions, against keys of batch B. As given when
-    they do not broadcast (for the checks to name) or q's already hold them (k's broadcast to q's)."""
-    if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)) or q.shape[:-3] == k.shape[:-3]:
-        return q
+def _leading_broadcast(q, k, v, enable_gqa: bool):
+    """(shape, excluded) when q, k and v broadcast, as SDPA broadcasts them, to one leading shape they do
+    not all have yet, else None. The leading dimensions are all but the last ``excluded``: (N, D), and
+    without GQA the heads too (a key or value of one head serves every query head, a query of one head
+    meets every key head); with ``enable_gqa`` the heads follow GQA's rule instead (`check_attention_inputs`).
+    None also when they do not broadcast, for the checks to name."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
+        return None
+    excluded = 3 if enable_gqa else 2
+    shapes = (q.shape[:-excluded], k.shape[:-excluded], v.shape[:-excluded])
+    if shapes[0] == shapes[1] == shapes[2]:
+        return None
     try:
-        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        return tuple(torch.broadcast_shapes(*shapes)), excluded
     except RuntimeError:
-        return q
-    return q if tuple(batch) == tuple(q.shape[:-3]) else q.expand(*batch, *q.shape[-3:])
+        return None
+
+
+def _expand_leading(q, k, v, shape: tuple, excluded: int):
+    """q, k, v expanded (views, no copies) to leading ``shape`` (`_leading_broadcast`)."""
+    return tuple(t if tuple(t.shape[:-excluded]) == shape else t.expand(*shape, *t.shape[-excluded:])
+                 for t in (q, k, v))
 
 
 def _same_rank(q, k, v):

@@ -219,7 +219,8 @@ def test_clear_errors(kwargs, argument):
 @pytest.mark.parametrize("heads_q,heads_kv,enable_gqa,message", [
     (6, 4, True, r"^key: 4 heads do not divide query's 6\. .* divides 6 \(1, 2, 3, 6\)\.$"),
     (8, 2, False, r"^key: has 2 heads, query 8\. For grouped-query attention pass enable_gqa=True .* 4 query heads"),
-    (6, 4, False, r"^key: has 4 heads, query 6\. .*same number of heads \(or, with enable_gqa=True, .*1, 2, 3, 6\)"),
+    (6, 4, False, r"^key: has 4 heads, query 6\. .*same number of heads \(or one, which broadcasts; or, with "
+                  r"enable_gqa=True, .*1, 2, 3, 6\)"),
 ])
 def test_a_head_count_mismatch_says_which_counts_would_do(heads_q, heads_kv, enable_gqa, message):
     """Heads that do not divide (enable_gqa=True) were reported as differing 'leading (batch, head)

@@ -376,6 +376,35 @@ def test_every_rank_and_value_width(shapes):
     _sdpa_check(*(torch.randn(s) for s in shapes), is_causal=True)
 
 
+@pytest.mark.parametrize("shapes,kwargs", [
+    (((2, 8, 9, 16), (2, 1, 9, 16), (2, 1, 9, 16)), {}),                     # k, v of one head serve every q head
+    (((2, 1, 9, 16), (2, 4, 9, 16), (2, 4, 9, 16)), {}),                     # q of one head meets every k head
+    (((2, 4, 9, 16), (1, 4, 9, 16), (2, 4, 9, 16)), {}),                     # k's batch 1, v's 2
+    (((2, 4, 9, 16), (2, 1, 9, 16), (2, 4, 9, 16)), {"is_causal": True}),   # k's heads 1, v's 4
+    (((2, 1, 9, 16), (1, 4, 9, 16), (2, 4, 9, 16)), {}),                     # all three broadcast
+    (((9, 16), (2, 3, 11, 16), (2, 3, 11, 16)), {}),                         # (N, D) beside (B, H, N, D)
+    (((1, 1, 1, 16), (3, 2, 17, 16), (3, 2, 17, 16)), {"is_causal": True}),  # N = 1
+    (((2, 8, 9, 16), (1, 2, 9, 16), (2, 2, 9, 16)), {"enable_gqa": True}),  # GQA, k's batch broadcast
+])
+def test_leading_dimensions_broadcast_as_in_sdpa(shapes, kwargs):
+    """SDPA broadcasts q, k and v over every dimension but (N, D), the heads too (a fuzzer found flashlab
+    refusing a k of one head, a q of one head, and k and v of different batches, blaming the query):
+    output and gradients (summed over what was broadcast) against SDPA in float64."""
+    q, k, v = (torch.randn(s, device=DEVICE) for s in shapes)
+    _sdpa_check(q, k, v, tol=1e-5 if not CUDA else 3e-3, **kwargs)
+
+
+@pytest.mark.parametrize("kv_shape,message", [
+    ((2, 2, 9, 16), r"^key: has 2 heads, query 8\. For grouped-query attention pass enable_gqa=True"),
+    ((2, 3, 9, 16), r"^key: has 3 heads, query 8\. .* the same number of heads \(or one, which broadcasts"),
+    ((3, 8, 9, 16), r"^key: leading \(batch, head\) dimensions \(3, 8\) differ from query's \(2, 8\)\. .*broadcast"),
+])
+def test_leading_dimensions_that_do_not_broadcast_are_named(kv_shape, message):
+    q = torch.randn(2, 8, 9, 16)
+    with pytest.raises(ValueError, match=message):
+        attention(q, torch.randn(kv_shape), torch.randn(kv_shape))
+
+
 def test_gqa_in_3d_and_mask_with_causal_on_cpu():
     q, k, v = torch.randn(4, 7, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
     _sdpa_check(q, k, v, enable_gqa=True, is_causal=True)
