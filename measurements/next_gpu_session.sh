@@ -111,6 +111,12 @@
 # again"); the H100's launches file is now written from all four of its records. Still on the H200, in order:
 # tiles, defaults-from-tiles on the same warm machine (then here: copy the records and roofline_peaks.json to
 # results/h200/, rerun measurements.small_defaults, re-execute notebook 02), tsp100-finish, rl4co-and-suite.
+# 2026-12-06 (third session): calls naming nvidia-h200 got an H100 again: tiles (a fifth H100 record, 17 of 18 launches
+# reproduced), the GPU suite and all of test_dropin/properties/packing/decode/varlen, measurements/mask_dtype_check.py
+# (SDPA's cuDNN backend returns NaN for a float32 mask beside bf16), the leading-dimension broadcast tests, the exercise
+# tests (results/README, "H100 a third time"). On the H200 still, in order: tiles, defaults-from-tiles on the same warm
+# machine (then here: copy the records and roofline_peaks.json to results/h200/, rerun measurements.small_defaults,
+# re-execute notebook 02), tsp100-finish, rl4co-and-suite.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2

@@ -2,6 +2,12 @@
 
 import math
 
+import torch
+
+# what the exercise tests' torch.empty, empty_like and empty_strided fill new floating tensors with (root
+# conftest.py's `exercise` fixture): exact in fp16, bf16 and fp32, and far from anything the exercises compute
+UNWRITTEN = -4096.0
+
 
 def known_mistake(err: float, signatures) -> str:
     """``"\\nhint: …"`` for the first ``(expected error, hint)`` whose expected relative error is
@@ -18,3 +24,19 @@ def require(condition, message: str) -> None:
     followed by the tensors of ``torch.isfinite(out).all()`` printed in full."""
     if not bool(condition):
         raise AssertionError(message)
+
+
+def unwritten(t: torch.Tensor, what: str) -> str:
+    """``"\\nhint: …"`` when entries of ``t`` still hold `UNWRITTEN`, the value the tests' ``torch.empty``
+    gave the tensor: the kernel never stored there. Else ``""``."""
+    if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+        return ""
+    left = int((t == UNWRITTEN).sum())
+    if not left:
+        return ""
+    held = f"{UNWRITTEN:g}, the value the tests fill new tensors from torch.empty with"
+    if left == t.numel():
+        return (f"\nhint: the kernel wrote nothing to {what}: every entry still holds {held}. Is the kernel's "
+                f"body written (not `pass`), and does its tl.store write {what}?")
+    return (f"\nhint: the kernel left {left} of the {t.numel()} entries of {what} unwritten: they still hold {held}. "
+            "The grid, the offsets or the store's mask miss some.")

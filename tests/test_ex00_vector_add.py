@@ -8,6 +8,7 @@ placed at the start of larger buffers, so that a load or store past the end of a
 reported by name instead of corrupting memory (Triton's interpreter reads and writes the
 addresses it computes: a store past the end of an output aborts the whole pytest process)."""
 
+import math
 import warnings
 
 import pytest
@@ -33,6 +34,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # masked load's 0 + (−inf) is a quiet −inf); after out, a value no store writes
 PAST_THE_END = {"x_ptr": SIGNALLING_NAN, "y_ptr": SIGNALLING_NAN}
 UNWRITTEN = 7.0
+_last_launch: dict = {}     # the programs the last padded launch ran, for _assert_sum's hint
 
 
 def _launch_padded(kernel, grid, args, kwargs):
@@ -43,6 +45,7 @@ def _launch_padded(kernel, grid, args, kwargs):
         warnings.simplefilter("always")
         copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, UNWRITTEN))
     bound = bind(kernel, grid, args, kwargs)[1]
+    _last_launch["programs"] = math.prod(grid(bound) if callable(grid) else grid)
     problems = []
     for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)
@@ -64,6 +67,7 @@ def _launch_padded(kernel, grid, args, kwargs):
 def exercise(exercise, monkeypatch):
     """conftest.py's `exercise`, with add_kernel launched through `PaddedLaunch`."""
     monkeypatch.setattr(exercise, "add_kernel", PaddedLaunch(exercise.add_kernel, _launch_padded))
+    _last_launch.clear()
     return exercise
 
 
@@ -78,6 +82,11 @@ def _assert_sum(out, x, y, block, what="vector_add(x, y)"):
         if 0 < covered < n and first >= covered:
             hint = (f". Every wrong element is at index ≥ {covered} = (n // block) · block: a grid of n // block "
                     f"programs leaves the last {n - covered} unwritten; launch triton.cdiv(n, block) programs")
+        elif len(wrong) == n and _last_launch.get("programs", 0) >= -(-n // block):
+            programs = _last_launch["programs"]
+            hint = (f". No element was written, though the launch ran {programs} program{'s' * (programs != 1)}, "
+                    f"enough for n = {n}: is add_kernel's body written (not `pass`), and does it tl.store x + y at "
+                    "out_ptr + offsets?")
         elif covered == 0 and len(wrong) == n:
             hint = (f". No element was written: with n = {n} < block = {block}, a grid of n // block = 0 programs "
                     "launches nothing; launch triton.cdiv(n, block) programs (the last one masked)")

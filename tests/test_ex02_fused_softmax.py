@@ -14,7 +14,7 @@ import torch
 import triton
 
 from flashlab import assert_close
-from tests.hints import require
+from tests.hints import require, unwritten
 from tests.padded_launch import PaddedLaunch, bind, not_through_kernel_for, run_padded, the_jit_function
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,7 +96,8 @@ def _assert_softmax(exercise, y, x, dtype=torch.float32, rows=slice(None)):
     try:
         assert_close(y[rows], torch.softmax(x[rows].double(), -1), dtype=dtype)
     except AssertionError as err:
-        raise AssertionError(f"{err}{_padding_hint(exercise, x[rows], dtype)}") from None
+        hint = unwritten(y[rows], "y") or _padding_hint(exercise, x[rows], dtype)
+        raise AssertionError(f"{err}{hint}") from None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

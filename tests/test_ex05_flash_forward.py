@@ -8,7 +8,7 @@ import torch
 
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
-from tests.hints import known_mistake
+from tests.hints import known_mistake, unwritten
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 tl.dot runs exact in the interpreter but through TF32 tensor cores on a GPU
@@ -38,7 +38,8 @@ def _check_lse(lse, q, k, tol):
             (math.log2(math.e) - 1, "L must be in natural log units: multiply the base-2 value by ln 2"),
             (rel_error(want - row_max, want), "L = m + log(l): add the running max back"),
         ]
-        raise AssertionError(f"{error}{known_mistake(rel_error(lse, want), signatures)}") from None
+        hint = unwritten(lse, "L") or known_mistake(rel_error(lse, want), signatures)
+        raise AssertionError(f"{error}{hint}") from None
 
 
 def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HINT):
@@ -49,7 +50,9 @@ def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HIN
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
     except AssertionError as error:
-        if not torch.isfinite(out).all():
+        if unwritten(out, "O"):
+            hint = unwritten(out, "O")
+        elif not torch.isfinite(out).all():
             hint = nonfinite_hint
         elif rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
             hint = LOG2E_HINT

@@ -11,7 +11,7 @@ import torch
 
 from flashlab import assert_close, reference_attention, reference_gradients
 from flashlab.reference import reference_logsumexp, rel_error
-from tests.hints import known_mistake, require
+from tests.hints import known_mistake, require, unwritten
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU goes through TF32 tensor cores; the backward chains three TF32 products
@@ -19,9 +19,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
 
 
-P_HINT = ("\nhint: dV = Pᵀ dO is wrong too, so P is: check P = exp(S·scale − L) and its masks. L here is the "
-          "natural-log log-sum-exp (not the base-2 L of notebook 06's kernels); with exp2, multiply by "
-          "log2(e): P = exp2((S·scale − L)·log2(e))")
+P_HINT = ("\nhint: dV = Pᵀ dO is wrong too, so P is: check P = exp(S − L) with S = Q Kᵀ·scale (scaled once) "
+          "and its masks. L here is the natural-log log-sum-exp (not the base-2 L of notebook 06's kernels); "
+          "with exp2, multiply by log2(e): P = exp2((S − L)·log2(e))")
 DV_SCALE_HINT = ("dQ and dK are right, so P is, and dV is exactly scale × the right dV: dV = Pᵀ dO has no softmax "
                  "scale (it is inside P already); only dK = scale · dSᵀ Q and dQ = scale · dS K take it")
 DV_ONLY_HINT = ("dQ and dK are right, so P is: the mistake is in dV = Pᵀ dO alone (Pᵀ of each query block "
@@ -54,7 +54,8 @@ def _check_all(grads, wants, tol):
         try:
             assert_close(got, want, tol=tol, what=what)
         except AssertionError as error:
-            hint = _hint(what, rel_error(got, want), got.shape[-1], ok[2], ok[0] and ok[1])
+            hint = unwritten(got, "d" + what[1].upper()) or _hint(what, rel_error(got, want), got.shape[-1], ok[2],
+                                                                  ok[0] and ok[1])
             raise AssertionError(f"{error}{hint}") from None
 
 
