@@ -263,6 +263,13 @@ MUTANTS = [
      ("cols[None, :] <= offs_m[:, None]", 'm_safe = tl.where(m_new == -float("inf"), 0.0, m_new)',
       "l_safe = tl.where(l_i > 0, l_i, 1.0)"),
      ("cols[None, :] < offs_m[:, None]", "m_safe = m_new", "l_safe = l_i")),
+    ("ex05b_causal_ragged", "V loaded without the key mask (reads past Nk)",
+     "v = tl.load(V + kv, mask=col_ok[:, None], other=0.0)", "v = tl.load(V + kv)"),
+    ("ex05b_causal_ragged", "O stored without the row mask (writes past Nq)",
+     "(acc / l_safe[:, None]).to(O.dtype.element_ty),\n             mask=row_ok[:, None])",
+     "(acc / l_safe[:, None]).to(O.dtype.element_ty))"),
+    ("ex05b_causal_ragged", "L stored without the row mask (writes past Nq)",
+     "m_i + tl.log(l_safe), mask=row_ok)", "m_i + tl.log(l_safe))"),
 ]
 
 

@@ -52,11 +52,13 @@ def written_outside(buffer, inside, fill) -> int:
     return (buffer[~inside] != fill).sum().item()
 
 
-def run_padded(kernel, grid, args, kwargs, fill_for):
+def run_padded(kernel, grid, args, kwargs, fill_for, extra_reach: int = 0):
     """Launches ``kernel`` with each tensor argument copied into a buffer filled with
-    ``fill_for(name)`` and ``reach`` elements longer; {name: (tensor, fill, buffer, inside, copy)},
-    ``inside`` True on the copy's elements."""
+    ``fill_for(name)`` and ``reach`` elements longer (`bind`'s, plus ``extra_reach``: a 2-D tile
+    of rows × columns hangs over a tensor's end by up to a tile, more than a 1-D offset);
+    {name: (tensor, fill, buffer, inside, copy)}, ``inside`` True on the copy's elements."""
     names, bound, reach = bind(kernel, grid, args, kwargs)
+    reach += extra_reach
     copies = {}
     for name, t in bound.items():
         if isinstance(t, torch.Tensor):

@@ -8,6 +8,7 @@ import torch
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 from tests.hints import require, unwritten
+from tests.padded_launch import PaddedLaunch, bind, run_padded
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16: 3e-3}
@@ -29,6 +30,38 @@ NAN_WITHOUT_SENTINELS = ("the output holds NaN even with every key finite, so th
                          "tiles: some row has no key left (ℓ = 0, O = 0/0). With causal masking, query i must keep "
                          "key i: cols <= rows, not cols < rows, which leaves row 0 with none "
                          "(test_matches_float64's failures say more)")
+
+
+# what lies after each tensor when the kernel runs (`PaddedLaunch`): NaN after Q, K and V, so a load past the end
+# (keys ≥ Nk of the last head: 0 · NaN = NaN in P V) shows in every run, not only when the memory there happens
+# to hold a NaN; after O and L a value no store writes, so a store past the end is named
+PAST_THE_END = {"Q": float("nan"), "K": float("nan"), "V": float("nan")}
+STORED_NOTHING = 7.0
+
+
+def _launch_padded(kernel, grid, args, kwargs):
+    """flash_forward_kernel on copies of its tensors at the start of larger buffers, copied back; fails if it
+    stored past the end of O or L."""
+    bound = bind(kernel, grid, args, kwargs)[1]
+    tile = max(int(bound.get("BLOCK_M", 1)), int(bound.get("BLOCK_N", 1))) * int(bound.get("HEAD_DIM", 1))
+    copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, STORED_NOTHING),
+                        extra_reach=tile)
+    problems = []
+    for name, (t, fill, buffer, inside, copy) in copies.items():
+        t.copy_(copy)
+        if name in ("O", "L"):
+            written = (buffer[~inside] != fill).sum().item()
+            if written:
+                problems.append(f"flash_forward_kernel stored {written} values past the end of {name}: mask the "
+                                "store with the rows < n_q (mask=offs_m < n_q)")
+    require(not problems, "; ".join(problems))
+
+
+@pytest.fixture
+def exercise(exercise, monkeypatch):
+    """conftest.py's `exercise`, with flash_forward_kernel launched through `PaddedLaunch`."""
+    monkeypatch.setattr(exercise, "flash_forward_kernel", PaddedLaunch(exercise.flash_forward_kernel, _launch_padded))
+    return exercise
 
 
 def _passes(exercise, q, k, v, is_causal, tol):
