@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import NamedTuple
 
@@ -146,12 +147,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         attn_mask: broadcastable to ``(…, H, Nq, Nk)``; boolean (True = takes part) or float
             (added to the scores; it gets SDPA's gradient, dS summed over its broadcast
             dimensions). Read tile by tile through its strides, never expanded. For "never
-            attend" use False or −inf. A row whose every key is masked with a huge finite value
-            (−1e9, ``torch.finfo(float32).min``) is outside what the kernels keep exact:
-            finfo.min overflows to −inf in their base-2 scores (zeros, where SDPA averages V), and
-            at such magnitudes the saved log-sum-exp loses log(Nk), so that row's gradient
-            differs from the exact one (as SDPA's CPU flash backend's does). Partly masked rows
-            are exact.
+            attend" use False or −inf (a row with no key left gives zeros). A row whose every key
+            is masked with the same huge finite value (``torch.finfo(float32).min``, as
+            transformers masks) gives what SDPA gives, the mean of V, and SDPA's gradients: the
+            kernels saturate a bias before it could overflow their base-2 scores.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
             1/(1 − p)), as in SDPA: pass 0.0 in evaluation. 1.0 drops every weight (zeros, on
             the PyTorch path), as in SDPA. The kernels' mask comes from an
@@ -224,6 +223,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         count_interpreted(plan.cpu_tiles)
     if plan.broadcast is not None:                          # leading dimensions broadcast, as in SDPA (views)
         q, k, v = _expand_leading(q, k, v, *plan.broadcast)
+    if plan.kv_repeats is not None:                         # GQA with k and v of different head counts (copies)
+        k, v = k.repeat_interleave(plan.kv_repeats[0], dim=-3), v.repeat_interleave(plan.kv_repeats[1], dim=-3)
     if not plan.kernels:
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
@@ -355,6 +356,7 @@ class _Plan(NamedTuple):
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
     cpu_tiles: int           # the kernels on a CPU: tiles the interpreter runs per forward (else 0)
     broadcast: tuple | None = None     # (leading shape, dimensions it excludes) q, k, v broadcast to, else None
+    kv_repeats: tuple | None = None    # enable_gqa with k and v of different head counts: each one's repeat, else None
 
 
 _PLANS: dict = {}            # eager calls' signatures → their _Plan (an attention layer has one or two)
@@ -386,6 +388,9 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     broadcast = _leading_broadcast(q, k, v, enable_gqa)
     if broadcast is not None:                  # the checks and decisions below see q, k, v as the call will use them
         q, k, v = _expand_leading(q, k, v, *broadcast)
+    kv_repeats = _gqa_kv_repeats(q, k, v, enable_gqa)
+    if kv_repeats is not None:
+        k, v = k.repeat_interleave(kv_repeats[0], dim=-3), v.repeat_interleave(kv_repeats[1], dim=-3)
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
     if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
         raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
@@ -411,7 +416,7 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
                  small=small, transformed=transformed, window=window,
                  cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0,
-                 broadcast=broadcast)
+                 broadcast=broadcast, kv_repeats=kv_repeats)
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -435,6 +440,20 @@ def _leading_broadcast(q, k, v, enable_gqa: bool):
         return tuple(torch.broadcast_shapes(*shapes)), excluded
     except RuntimeError:
         return None
+
+
+def _gqa_kv_repeats(q, k, v, enable_gqa: bool):
+    """(k's repeat, v's repeat) when ``enable_gqa`` gives k and v different numbers of heads, each dividing
+    q's, else None. SDPA repeats each to q's heads; repeating each to the least common multiple of the two
+    (a divisor of q's) gives the same attention and keeps the rest grouped: q head i still reads key head
+    i // (H / H_k) and value head i // (H / H_v)."""
+    if not enable_gqa or not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
+        return None
+    heads, heads_k, heads_v = q.shape[-3], k.shape[-3], v.shape[-3]
+    if heads_k == heads_v or not heads_k or not heads_v or heads % heads_k or heads % heads_v:
+        return None
+    common = math.lcm(heads_k, heads_v)
+    return common // heads_k, common // heads_v
 
 
 def _expand_leading(q, k, v, shape: tuple, excluded: int):

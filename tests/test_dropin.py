@@ -385,11 +385,14 @@ def test_every_rank_and_value_width(shapes):
     (((9, 16), (2, 3, 11, 16), (2, 3, 11, 16)), {}),                         # (N, D) beside (B, H, N, D)
     (((1, 1, 1, 16), (3, 2, 17, 16), (3, 2, 17, 16)), {"is_causal": True}),  # N = 1
     (((2, 8, 9, 16), (1, 2, 9, 16), (2, 2, 9, 16)), {"enable_gqa": True}),  # GQA, k's batch broadcast
+    (((2, 4, 9, 16), (2, 2, 11, 16), (2, 1, 11, 16)), {"enable_gqa": True}),  # GQA, k and v of different heads
+    (((1, 6, 9, 16), (2, 2, 11, 16), (1, 3, 11, 16)), {"enable_gqa": True, "is_causal": True}),   # 2 and 3 of 6
 ])
 def test_leading_dimensions_broadcast_as_in_sdpa(shapes, kwargs):
     """SDPA broadcasts q, k and v over every dimension but (N, D), the heads too (a fuzzer found flashlab
-    refusing a k of one head, a q of one head, and k and v of different batches, blaming the query):
-    output and gradients (summed over what was broadcast) against SDPA in float64."""
+    refusing a k of one head, a q of one head, and k and v of different batches, blaming the query), and
+    with enable_gqa takes k and v of different head counts, each dividing q's (a second fuzzer): output
+    and gradients (summed over what was broadcast or repeated) against SDPA in float64."""
     q, k, v = (torch.randn(s, device=DEVICE) for s in shapes)
     _sdpa_check(q, k, v, tol=1e-5 if not CUDA else 3e-3, **kwargs)
 
@@ -534,6 +537,31 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setattr(flash_small, "small_forward", lambda *args: calls.append(1) or original(*args))
     _sdpa_check(q, k, v, is_causal=True)
     assert calls == [1], "with the switch unset the kernels run again"
+
+
+@pytest.mark.parametrize("n", [9, 130])            # the small path's length, and the general kernels'
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_masked_everywhere_with_finfo_min_give_sdpas_mean_of_v(dtype, n):
+    """A query row whose every key is masked with finfo(dtype).min (transformers' padding value) or a
+    bias past +2.4e38: SDPA's scores are all equal there, so it averages V. In the kernels' base-2 scores
+    such a bias overflowed to ±inf: zeros (or NaN) where SDPA averages, a fuzzer found; it now saturates.
+    Output and gradients against float64 SDPA, with the huge rows and a partly masked one."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(1, 1, n, n, dtype=dtype, device=DEVICE)
+    mask[..., :3, :] = torch.finfo(dtype).min                     # rows 0-2: every key masked
+    mask[..., 3, :] = 3e38                                        # row 3: every key pushed up alike
+    mask[..., 5, 2:] = torch.finfo(dtype).min                     # row 5 sees keys 0 and 1
+    out = attention(q, k, v, attn_mask=mask)
+    want = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), attn_mask=mask.double())
+    tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 1e-2
+    assert_close(out, want, tol=tol)
+    assert_close(out[..., :4, :], v.double().mean(-2, keepdim=True).expand(1, 2, 4, 16), tol=tol,
+                 what="the huge rows: the mean of V")
+    grad = torch.randn_like(want)
+    for got, ref, name in zip(torch.autograd.grad(out, (q, k, v), grad.to(dtype)),
+                              torch.autograd.grad(want, (q, k, v), grad), ("dq", "dk", "dv")):
+        assert_close(got, ref, tol=2 * tol, what=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
