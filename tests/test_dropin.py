@@ -408,6 +408,13 @@ def test_leading_dimensions_that_do_not_broadcast_are_named(kv_shape, message):
         attention(q, torch.randn(kv_shape), torch.randn(kv_shape))
 
 
+def test_the_tensor_that_does_not_broadcast_is_the_one_named():
+    """k broadcasts with q and v does not: the message names value (a fuzzer found it naming key)."""
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(1, 4, 6, 8), torch.randn(3, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"^value: leading \(batch, head\) dimensions \(3, 4\)"):
+        attention(q, k, v)
+
+
 def test_gqa_in_3d_and_mask_with_causal_on_cpu():
     q, k, v = torch.randn(4, 7, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16)
     _sdpa_check(q, k, v, enable_gqa=True, is_causal=True)
