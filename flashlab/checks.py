@@ -126,11 +126,13 @@ def check_attention_inputs(
               f"{Q}, {K} and {V} must have the same number of heads{gqa if sdpa_semantics else ''}.")
     elif q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         def fits(t):        # equal to q's, or (SDPA) broadcasting with it
+            if t.shape[:-2] == q.shape[:-2]:
+                return True
             try:
-                return t.shape[:-2] == q.shape[:-2] or (sdpa_semantics and bool(torch.broadcast_shapes(
-                    t.shape[:-2], q.shape[:-2])))
+                torch.broadcast_shapes(t.shape[:-2], q.shape[:-2])
             except RuntimeError:
                 return False
+            return sdpa_semantics
         bad, t = (V, v) if fits(k) else (K, k)       # name the one that does not fit (k first)
         sdpa = (f", or broadcast against each other as in SDPA (each size equal or 1; with enable_gqa=True, {K} "
                 f"and {V} may have a number of heads that divides {Q}'s)")

@@ -141,9 +141,10 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             ``(…, H_kv, Nk, Dv)``, any number of leading dimensions (also none: ``(N, D)``),
             broadcasting against each other as in SDPA, heads included (also from a lower
             rank: ``(H, N, D)`` beside ``(B, H, N, D)``; a key of one head serves every query
-            head). ``H_kv = H`` (or 1), or dividing H with ``enable_gqa=True``. Dv may differ from D. float16, bfloat16,
-            float32 or float64; any strides; zero-size dimensions give empty (or, Nk = 0, zero)
-            outputs and zero gradients, as in SDPA.
+            head). ``H_kv = H`` (or 1), or dividing H with ``enable_gqa=True`` (k's and v's
+            counts may then differ). Dv may differ from D. float16, bfloat16, float32 or float64;
+            any strides; zero-size dimensions give empty (or, Nk = 0, zero) outputs and zero
+            gradients, as in SDPA.
         attn_mask: broadcastable to ``(…, H, Nq, Nk)``; boolean (True = takes part) or float
             (added to the scores; it gets SDPA's gradient, dS summed over its broadcast
             dimensions). Read tile by tile through its strides, never expanded. For "never
@@ -225,10 +226,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
     if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
         count_interpreted(plan.cpu_tiles)
-    if plan.broadcast is not None:                          # leading dimensions broadcast, as in SDPA (views)
-        q, k, v = _expand_leading(q, k, v, *plan.broadcast)
-    if plan.kv_repeats is not None:                         # GQA with k and v of different head counts (copies)
-        k, v = k.repeat_interleave(plan.kv_repeats[0], dim=-3), v.repeat_interleave(plan.kv_repeats[1], dim=-3)
+    if plan.broadcast is not None or plan.kv_repeats is not None:      # as SDPA broadcasts or repeats them
+        q, k, v = _as_sdpa_shapes(q, k, v, plan.broadcast, plan.kv_repeats)
     if not plan.kernels:
         group = _heads(q) // max(_heads(k), 1)
         if group > 1:
@@ -389,12 +388,10 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
-    broadcast = _leading_broadcast(q, k, v, enable_gqa)
-    if broadcast is not None:                  # the checks and decisions below see q, k, v as the call will use them
-        q, k, v = _expand_leading(q, k, v, *broadcast)
-    kv_repeats = _gqa_kv_repeats(q, k, v, enable_gqa)
-    if kv_repeats is not None:
-        k, v = k.repeat_interleave(kv_repeats[0], dim=-3), v.repeat_interleave(kv_repeats[1], dim=-3)
+    # the checks and decisions below see q, k, v as the call will use them (GQA's heads are not broadcast,
+    # so the repeats can be read before the expansion)
+    broadcast, kv_repeats = _leading_broadcast(q, k, v, enable_gqa), _gqa_kv_repeats(q, k, v, enable_gqa)
+    q, k, v = _as_sdpa_shapes(q, k, v, broadcast, kv_repeats)
     _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
     if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
         raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
@@ -460,10 +457,16 @@ def _gqa_kv_repeats(q, k, v, enable_gqa: bool):
     return common // heads_k, common // heads_v
 
 
-def _expand_leading(q, k, v, shape: tuple, excluded: int):
-    """q, k, v expanded (views, no copies) to leading ``shape`` (`_leading_broadcast`)."""
-    return tuple(t if tuple(t.shape[:-excluded]) == shape else t.expand(*shape, *t.shape[-excluded:])
-                 for t in (q, k, v))
+def _as_sdpa_shapes(q, k, v, broadcast, kv_repeats):
+    """q, k, v expanded (views) to the leading shape of `_leading_broadcast`'s ``broadcast``, and k and v
+    repeated by `_gqa_kv_repeats`'s ``kv_repeats`` (copies); either may be None."""
+    if broadcast is not None:
+        shape, excluded = broadcast
+        q, k, v = (t if tuple(t.shape[:-excluded]) == shape else t.expand(*shape, *t.shape[-excluded:])
+                   for t in (q, k, v))
+    if kv_repeats is not None:
+        k, v = k.repeat_interleave(kv_repeats[0], dim=-3), v.repeat_interleave(kv_repeats[1], dim=-3)
+    return q, k, v
 
 
 def _same_rank(q, k, v):

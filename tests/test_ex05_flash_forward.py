@@ -50,17 +50,20 @@ def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HIN
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
     except AssertionError as error:
-        if unwritten(out, "O"):
-            hint = unwritten(out, "O")
-        elif not torch.isfinite(out).all():
-            hint = nonfinite_hint
-        elif rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
-            hint = LOG2E_HINT
-        elif k.shape[-2] > block:      # the rescale only matters from the second key block on
-            hint = RESCALE_HINT
-        else:
-            hint = ""
-        raise AssertionError(f"{error}{hint}") from None
+        raise AssertionError(f"{error}{_out_hint(out, q, k, v, tol, block, scale, nonfinite_hint)}") from None
+
+
+def _out_hint(out, q, k, v, tol, block, scale, nonfinite_hint) -> str:
+    """`_check_out`'s hint, the first signature that fits."""
+    if hint := unwritten(out, "O"):
+        return hint
+    if not torch.isfinite(out).all():
+        return nonfinite_hint
+    if rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
+        return LOG2E_HINT
+    if k.shape[-2] > block:      # the rescale only matters from the second key block on
+        return RESCALE_HINT
+    return ""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
