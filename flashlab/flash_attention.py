@@ -149,13 +149,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             (added to the scores; it gets SDPA's gradient, dS summed over its broadcast
             dimensions). Read tile by tile through its strides, never expanded. For "never
             attend" use False or −inf (a row with no key left gives zeros). A row whose every key
-            is masked with ``torch.finfo(float32).min`` (as transformers masks) gives what SDPA
-            gives, the mean of V, and SDPA's gradients: the kernels saturate a bias before it could
-            overflow their base-2 scores. A whole row shifted by a large finite amount (−1e9 on
-            every key) is outside what fp32 keeps: the output is as far off as SDPA's own fp32
-            one, and the saved log-sum-exp loses log(Nk) at that magnitude, so that row's
-            gradients are further off than SDPA's (a fuzzer: dv 20 against SDPA's 0.78). Partly
-            masked rows are exact.
+            is masked with ``torch.finfo(float32).min`` (as transformers masks) gives what SDPA's
+            math backend gives, the mean of V, and its gradients: the kernels saturate a bias
+            before it could overflow their base-2 scores, and a float mask makes the forward keep
+            each row's correction to the saved log-sum-exp, which at −3.4e38 cannot hold log(Nk).
+            (SDPA's CUDA kernels give zeros for such a row; its fused CPU kernel gives Nk times
+            these gradients.) A whole row shifted by a large finite amount (−1e9 on every key) is
+            outside what fp32 keeps: output and gradients are those of SDPA's own fp32 math, as
+            far from float64's.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
             1/(1 − p)), as in SDPA: pass 0.0 in evaluation. 1.0 drops every weight (zeros, on
             the PyTorch path), as in SDPA. The kernels' mask comes from an

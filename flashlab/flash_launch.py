@@ -122,7 +122,8 @@ def _takes_small_path(q, k, window) -> bool:
 
 
 def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window=None):
-    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs).
+    """The forward kernel alone: returns O and the base-2 log-sum-exp L (what the backward needs;
+    with a float mask, L stacked with each row's fix: `flash_small.new_lse`).
     ``window``: None or ``(left, right)`` as `flashlab.attention` takes it. On a Hopper GPU the
     common case goes to `flash_hopper_launch` (same L); sequences that fit one key tile go to
     `flash_small` on every device, before the Hopper check (neither takes a window)."""
@@ -140,13 +141,14 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
     out = output_like(q)                          # O's layout follows q's (see output_like)
-    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    lse = flash_small.new_lse(B, H, n_q, has_mask and not mask_is_bool, q.device)
+    l_rows, l_fix = (lse[0], lse[1]) if lse.dim() == 4 else (lse, lse)       # L_FIX unused without a float mask
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
         kernel_for(flash_forward_kernel, q.device)[grid](
-            q, k, v, mask, out, lse, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
+            q, k, v, mask, out, l_rows, l_fix, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p, *band,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
             INPUT_PRECISION=input_precision, **has_window, **_head_dim_args(head_dim), **config.kwargs())
@@ -160,7 +162,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
 def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, input_precision,
                    window=None, grads=None):
     """The three backward kernels: D = rowsum(dO ∘ O), then the dK/dV pass and the dQ pass.
-    Returns (dq, dk, dv). ``lse`` is the forward's contiguous (B, H, Nq) L.
+    Returns (dq, dk, dv). ``lse`` is what the forward returned.
     On a Hopper GPU the common case goes to `flash_hopper_launch`; short sequences go to
     `flash_small` on every device, before the Hopper check (neither takes a window).
     ``grads``: (dq, dk, dv), tensors shaped as q, k, v with contiguous rows, for the kernels to
@@ -175,6 +177,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         result = flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
         return result if grads is None else tuple(g.copy_(r) for g, r in zip(grads, result))
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
+    lse, grad_out = flash_small.lse_and_scaled_grad(lse, grad_out)    # a float mask's row fix, into dO
     lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]

@@ -51,12 +51,29 @@ from .autotune import _gpu_name as autotune_gpu_name
 from .autotune import overriding
 from .autotune_cache import gpu_slug
 from .first_order import first_order_only
-from .flash_triton import LOG2E, _tile_scores, dot, dropout_keep
+from .flash_triton import LOG2E, _l_fix, _tile_scores, dot, dropout_keep
 from .layouts import output_layout, unpack_qkv
 from .runtime import kernel_for
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
 MAX_KEYS = 128                           # the widest score tile (BLOCK_M × 128) per step
+
+
+def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device) -> torch.Tensor:
+    """The forward's L, (B, H, Nq) float32; with a float mask (2, B, H, Nq): L, then each row's
+    c = 2^(L − m)/l (`flash_triton._l_fix`), which the backward needs where such a mask put a
+    row's max m beyond what L = m + log2 l can hold beside it (finfo(float32).min)."""
+    return torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
+                       device=device)
+
+
+def lse_and_scaled_grad(lse: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, dO) for the backward kernels from the forward's `new_lse`: with a float mask, dO·c.
+    Scaling row i of dO by c_i scales everything it feeds by c_i (dP = dO Vᵀ, D = rowsum(dO ∘ O),
+    dS = P ∘ (dP − D), dV = Pᵀ dO), which is the kernels' recomputed 2^(S − L) made exact."""
+    if lse.dim() == 3:
+        return lse, grad_out
+    return lse[0], torch.mul(grad_out, lse[1].unsqueeze(-1)).to(grad_out.dtype)
 
 
 def _pow2(n: int) -> int:
@@ -216,7 +233,7 @@ def force(**configs: SmallConfig):
 
 @triton.jit(do_not_specialize=["seed"])
 def small_forward_kernel(
-    Q, K, V, MASK, O, L,
+    Q, K, V, MASK, O, L, L_FIX,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
     H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
@@ -266,6 +283,8 @@ def small_forward_kernel(
         # L = m + log2 l, base 2 as the general forward's; +inf for a row with no key
         lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), float("inf"))
         tl.store(L + zh * n_q + offs_m, lse, mask=row_ok)
+        if HAS_MASK and not MASK_IS_BOOL:               # 2^(L − m)/l, see `_l_fix`
+            tl.store(L_FIX + zh * n_q + offs_m, _l_fix(lse, m, l, has_key), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -383,10 +402,11 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     plan = _plan(key, build)
     grid, ints, constants, lse_shape, out_shape, out_strides = plan
     out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    args = (q, k, v, mask, out, lse, *ints, scale * LOG2E, seed, dropout_p)
+    lse = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
+    l_rows, l_fix = (lse[0], lse[1]) if lse.dim() == 4 else (lse, lse)   # L_FIX unused without a float mask
+    args = (q, k, v, mask, out, l_rows, l_fix, *ints, scale * LOG2E, seed, dropout_p)
     if q.is_cuda:
-        direct_launch.launch(small_forward_kernel, plan, grid, args, 6, constants)   # the six tensors first
+        direct_launch.launch(small_forward_kernel, plan, grid, args, 7, constants)   # the seven tensors first
     else:
         kernel_for(small_forward_kernel, q.device)[grid](*args, **constants)
     return out, lse
@@ -398,6 +418,7 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     contiguous (B, H, Nq) L, and dO (contiguous rows). ``grads``: (dq, dk, dv) to write into
     (views of one packed buffer, `flashlab.attention_qkvpacked`) instead of new tensors."""
     dropout = dropout_p > 0
+    lse, grad_out = lse_and_scaled_grad(lse, grad_out)
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),

@@ -331,9 +331,19 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
     return acc, l_i, m_i
 
 
+@triton.jit
+def _l_fix(lse, m, l, has_key):
+    """What the backward's P = 2^(S − L) is short by, per row: c = 2^(L − m) / l, so that
+    c·2^(S − L) = 2^(S − m) / l exactly. It is 1 to rounding, except where a float mask put
+    m so far from 0 that L = m + log2 l lost log2 l: a row masked everywhere with
+    finfo(float32).min (m ≈ −3.4e38, where fp32's spacing is 2e31) has L = m, and c = 1/l.
+    Stored for float masks only (nothing else moves m that far); the backward scales dO by it."""
+    return tl.where(has_key, tl.math.exp2(tl.where(has_key, lse - m, 0.0)) / tl.where(has_key, l, 1.0), 1.0)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
-    Q, K, V, MASK, O, L,
+    Q, K, V, MASK, O, L, L_FIX,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
     H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi,
@@ -399,6 +409,8 @@ def flash_forward_kernel(
     # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
     lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
     tl.store(L + offs_m, lse, mask=row_ok)
+    if HAS_MASK and not MASK_IS_BOOL:
+        tl.store(L_FIX + zh * n_q + offs_m, _l_fix(lse, m_i, l_i, has_key), mask=row_ok)
 
 
 @triton.jit

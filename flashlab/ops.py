@@ -12,7 +12,8 @@ and the same pair for q, k, v packed in one (B, N, 3, H, D) tensor (`layouts.unp
 backward returns one gradient in that layout: ``flash_attention_qkvpacked_forward`` / ``_backward``.
 
 Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
-broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32).
+broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32),
+``(B, H, Nq)``, or with a float mask ``(2, B, H, Nq)``: L, then each row's fix (`flash_small.new_lse`).
 `flashlab.attention` validates and reshapes its inputs, then calls these; nothing here
 validates again. ``window_left``/``window_right`` are attention's ``window=(left, right)``
 (−1: unbounded; both −1: no window), two plain ints so the schema stays one torch understands.
@@ -120,7 +121,9 @@ flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_for
 @flash_attention_forward.register_fake
 def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1):
     B, H, n_q, _ = q.shape
-    return output_like(q, v.shape[-1]), q.new_empty(B, H, n_q, dtype=torch.float32)
+    float_mask = attn_mask is not None and attn_mask.is_floating_point()     # L and each row's fix: new_lse
+    return output_like(q, v.shape[-1]), q.new_empty((2, B, H, n_q) if float_mask else (B, H, n_q),
+                                                    dtype=torch.float32)
 
 
 def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -155,17 +158,23 @@ def _(grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale,
 
 def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, window=None):
     """d loss / d attn_mask = dS, summed over the mask's broadcast dimensions:
-        P = exp(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
-    with S = Q Kᵀ·scale + mask (−inf where causal, outside the window or out of range) and L the saved lse."""
+        P = 2^(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
+    with S = (Q Kᵀ·scale + mask)·log2(e) as the kernels form it (the mask saturated at ±2.35e38;
+    −inf where causal, outside the window or out of range), L the saved lse and dO scaled by each
+    row's fix where the forward stored one (`flash_small.lse_and_scaled_grad`)."""
+    from .flash_small import lse_and_scaled_grad
     from .naive import window_keep_mask
+    lse, grad_out = lse_and_scaled_grad(lse, grad_out)
     B, H, n_q, _ = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
-    scores = (q.float() @ k.transpose(-1, -2)) * scale + attn_mask.float()
+    bias = attn_mask.float()
+    bias = torch.where(bias == float("-inf"), bias, bias.clamp(-2.35e38, 2.35e38) * LOG2E)   # as _tile_scores
+    scores = (q.float() @ k.transpose(-1, -2)) * (scale * LOG2E) + bias
     keep = window_keep_mask(n_q, n_k, is_causal, window, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
-    p = torch.exp(scores - (lse / LOG2E)[..., None])                # rows with no key: L = +inf → P = 0
+    p = torch.exp2(scores - lse[..., None])                          # rows with no key: L = +inf → P = 0
     dp = grad_out.float() @ v.transpose(-1, -2)
     if dropout_p > 0:
         from .flash_launch import dropout_keep_mask

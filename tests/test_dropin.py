@@ -546,29 +546,64 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
     assert calls == [1], "with the switch unset the kernels run again"
 
 
+def _math_sdpa_grads(q, k, v, mask, grad, dtype):
+    """Output and gradients (q, k, v, mask) of SDPA's math backend in ``dtype``: softmax differentiated
+    as composed. Its fused CPU backend (what the default dispatch picks on a CPU) keeps only each row's
+    log-sum-exp, as the kernels do, and loses log(Nk) beside a score of −3.4e38: its gradients of a
+    row masked everywhere with finfo.min are Nk times these (measurements/masked_rows_grad_check.py)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v, mask = (t.detach().to(dtype).requires_grad_() for t in (q, k, v, mask))
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return (out, *torch.autograd.grad(out, (q, k, v, mask), grad.to(dtype)))
+
+
+def _flashlab_grads(q, k, v, mask, grad):
+    q, k, v, mask = (t.detach().requires_grad_() for t in (q, k, v, mask))
+    out = attention(q, k, v, attn_mask=mask)
+    return (out, *torch.autograd.grad(out, (q, k, v, mask), grad))
+
+
 @pytest.mark.parametrize("n", [9, 130])            # the small path's length, and the general kernels'
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_masked_everywhere_with_finfo_min_give_sdpas_mean_of_v(dtype, n):
+def test_rows_masked_everywhere_with_finfo_min_give_sdpas_mean_of_v_and_its_gradients(dtype, n):
     """A query row whose every key is masked with finfo(dtype).min (transformers' padding value) or a
     bias past +2.4e38: SDPA's scores are all equal there, so it averages V. In the kernels' base-2 scores
     such a bias overflowed to ±inf: zeros (or NaN) where SDPA averages, a fuzzer found; it now saturates.
-    Output and gradients against float64 SDPA, with the huge rows and a partly masked one."""
+    The gradients of such a row then need each row's fix (flash_triton._l_fix): without it they were Nk
+    times SDPA's math backend's. Output and the gradients of q, k, v and the mask against float64 SDPA."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE) for _ in range(3))
     mask = torch.zeros(1, 1, n, n, dtype=dtype, device=DEVICE)
     mask[..., :3, :] = torch.finfo(dtype).min                     # rows 0-2: every key masked
     mask[..., 3, :] = 3e38                                        # row 3: every key pushed up alike
     mask[..., 5, 2:] = torch.finfo(dtype).min                     # row 5 sees keys 0 and 1
-    out = attention(q, k, v, attn_mask=mask)
-    want = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)), attn_mask=mask.double())
+    grad = torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE)
+    got = _flashlab_grads(q, k, v, mask, grad)
+    want = _math_sdpa_grads(q, k, v, mask, grad, torch.float64)
     tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 1e-2
-    assert_close(out, want, tol=tol)
-    assert_close(out[..., :4, :], v.double().mean(-2, keepdim=True).expand(1, 2, 4, 16), tol=tol,
+    assert_close(got[0], want[0], tol=tol)
+    assert_close(got[0][..., :4, :], v.double().mean(-2, keepdim=True).expand(1, 2, 4, 16), tol=tol,
                  what="the huge rows: the mean of V")
-    grad = torch.randn_like(want)
-    for got, ref, name in zip(torch.autograd.grad(out, (q, k, v), grad.to(dtype)),
-                              torch.autograd.grad(want, (q, k, v), grad), ("dq", "dk", "dv")):
-        assert_close(got, ref, tol=2 * tol, what=name)
+    for g, w, name in zip(got[1:], want[1:], ("dq", "dk", "dv", "dmask")):
+        assert_close(g, w, tol=2 * tol, what=name)
+
+
+@pytest.mark.parametrize("n", [9, 130])
+def test_rows_shifted_far_get_the_gradients_of_their_own_forward(n):
+    """A whole row shifted by −1e9 (a mask value older code uses): in fp32 the scores round to steps of
+    64, q·k is lost, and SDPA's fp32 output is as far from float64's as the kernels' (about 0.1-0.4).
+    The saved L = m + log2 l lost log2 l there too, so the kernels' gradients were 4-13 times those of
+    their own forward; with each row's fix they are fp32 SDPA's, to rounding."""
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(4))
+    mask = torch.zeros(1, 1, n, n, device=DEVICE)
+    mask[..., :3, :] = -1e9
+    mask[..., 5, 2:] = -1e9
+    got = _flashlab_grads(q, k, v, mask, grad)
+    want = _math_sdpa_grads(q, k, v, mask, grad, torch.float32)
+    for g, w, name in zip(got, want, ("out", "dq", "dk", "dv", "dmask")):
+        assert_close(g, w, tol=1e-5 if not CUDA else 3e-3, what=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,53 @@
+"""What the float mask's row fix costs (2026-12-06): with a float attn_mask the forward also stores each
+row's c = 2^(L − m)/l and the backward scales dO by it (flash_small.lse_and_scaled_grad), one more
+elementwise pass over dO. Times forward+backward with a float key-padding mask beside the same mask as
+bool (no fix), the scaling alone, and SDPA's default with the float mask, in one run.
+Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.float_mask_fix_cost OUT.json; with
+PYTHONPATH=OLD:. (OLD holding flashlab/ from before the fix, e.g. `git archive 8607f92 flashlab`) for the
+same without it."""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashlab
+from flashlab.timing import time_ms
+
+SHAPES = [(512, 8, 50, 16), (4, 16, 1024, 64), (4, 16, 4096, 64)]     # (B, H, N, D): routing-sized, then long
+
+
+def main(path=None):
+    rows = []
+    for B, H, N, D in SHAPES:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+        keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
+        keep[: B // 2, ..., N - N // 8:] = False                              # half the batch padded by N/8
+        bias = torch.zeros(B, 1, 1, N, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, torch.finfo(
+            torch.bfloat16).min)
+
+        def step(fn, mask):
+            return lambda: torch.autograd.grad(fn(q, k, v, attn_mask=mask), (q, k, v), grad)
+
+        c = torch.rand(B, H, N, device="cuda")
+        row = dict(B=B, H=H, N=N, D=D,
+                   flashlab_float_ms=time_ms(step(flashlab.attention, bias)),
+                   flashlab_bool_ms=time_ms(step(flashlab.attention, keep)),
+                   flashlab_no_mask_ms=time_ms(step(flashlab.attention, None)),
+                   sdpa_no_mask_ms=time_ms(step(F.scaled_dot_product_attention, None)),
+                   dO_scaling_ms=time_ms(lambda: torch.mul(grad, c.unsqueeze(-1)).to(grad.dtype)),
+                   sdpa_float_ms=time_ms(step(F.scaled_dot_product_attention, bias)))
+        row["float_over_bool"] = row["flashlab_float_ms"] / row["flashlab_bool_ms"]
+        row["scaling_share_of_float"] = row["dO_scaling_ms"] / row["flashlab_float_ms"]
+        print(json.dumps({k: round(x, 4) if isinstance(x, float) else x for k, x in row.items()}))
+        rows.append(row)
+    if path:
+        record = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashlab=flashlab.__file__,
+                      rows=rows)
+        json.dump(record, open(path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
