@@ -117,6 +117,10 @@
 # tests (results/README, "H100 a third time"). On the H200 still, in order: tiles, defaults-from-tiles on the same warm
 # machine (then here: copy the records and roofline_peaks.json to results/h200/, rerun measurements.small_defaults,
 # re-execute notebook 02), tsp100-finish, rl4co-and-suite.
+# 2026-12-06 (fourth session): an H100 again. The finfo.min test on GPU tensors exposed Nk-times gradients (fixed: each
+# row's fix, _l_fix; 425 GPU tests passed after), tsp100-finish ran there (16.0 minutes, the last 3 on the H100:
+# results/README). On the H200 still, in order: tiles, defaults-from-tiles on the same warm machine (then here as
+# above), rl4co-and-suite.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
