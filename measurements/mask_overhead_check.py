@@ -1,0 +1,62 @@
+"""What an attention mask costs flashlab's general kernels (2026-12-06): bf16 forward and forward+backward with
+no mask (the Hopper kernels, then the general ones with FLASHLAB_HOPPER=0 set per call), a key-padding mask as
+bool and as float (B, 1, 1, Nk), the same float mask expanded over the queries (B, 1, Nq, Nk, stride 0, as
+transformers' encoders pass it) and materialised (B, 1, Nq, Nk), and SDPA's default with none and the float one.
+Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashlab
+from flashlab.timing import time_ms
+
+SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]
+
+
+def main(path=None):
+    rows = []
+    for B, H, N, D in SHAPES:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+        keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
+        keep[: B // 2, ..., N - N // 8:] = False
+        bias = torch.zeros(B, 1, 1, N, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, -float("inf"))
+        masks = {"none": None, "bool (B,1,1,N)": keep, "float (B,1,1,N)": bias,
+                 "float expanded (B,1,N,N) stride 0": bias.expand(B, 1, N, N),
+                 "float materialised (B,1,N,N)": bias.expand(B, 1, N, N).contiguous()}
+
+        def timed(fn, mask, general=False):
+            def fwd():
+                return fn(q.detach(), k.detach(), v.detach(), attn_mask=mask)
+
+            def step():
+                return torch.autograd.grad(fn(q, k, v, attn_mask=mask), (q, k, v), grad)
+            if general:
+                os.environ["FLASHLAB_HOPPER"] = "0"
+            try:
+                return time_ms(fwd), time_ms(step)
+            finally:
+                os.environ.pop("FLASHLAB_HOPPER", None)
+
+        for name, mask in masks.items():
+            for impl, fn, general in (("flashlab", flashlab.attention, False), ("flashlab general", flashlab.attention,
+                                                                                True),
+                                      ("sdpa", F.scaled_dot_product_attention, False)):
+                if impl == "flashlab general" and mask is not None or impl == "sdpa" and "float (" not in name \
+                        and mask is not None:
+                    continue
+                fwd_ms, step_ms = timed(fn, mask, general)
+                row = dict(B=B, H=H, N=N, D=D, mask=name, impl=impl, fwd_ms=fwd_ms, step_ms=step_ms)
+                print(json.dumps({k: round(x, 4) if isinstance(x, float) else x for k, x in row.items()}), flush=True)
+                rows.append(row)
+    if path:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), open(path, "w"),
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
