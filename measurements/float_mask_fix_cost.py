@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import flashlab
 from flashlab.timing import time_ms
+from measurements.inputs import attention_inputs
 
 SHAPES = [(512, 8, 50, 16), (4, 16, 1024, 64), (4, 16, 4096, 64)]     # (B, H, N, D): routing-sized, then long
 
@@ -20,9 +21,7 @@ SHAPES = [(512, 8, 50, 16), (4, 16, 1024, 64), (4, 16, 4096, 64)]     # (B, H, N
 def main(path=None):
     rows = []
     for B, H, N, D in SHAPES:
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+        q, k, v, grad = attention_inputs(B, H, N, D)
         keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
         keep[: B // 2, ..., N - N // 8:] = False                              # half the batch padded by N/8
         bias = torch.zeros(B, 1, 1, N, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, torch.finfo(

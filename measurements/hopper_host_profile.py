@@ -12,6 +12,7 @@ import torch
 
 import flashlab
 from flashlab import flash_hopper_launch as hl
+from measurements.inputs import attention_inputs
 
 
 def per_call_us(fn, calls=200):
@@ -27,9 +28,7 @@ def per_call_us(fn, calls=200):
 
 def main(path=None):
     B, H, N, D = 4, 16, 1024, 64
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+    q, k, v, grad = attention_inputs(B, H, N, D)
     scale = D ** -0.5
     out, lse = hl.hopper_forward(q.detach(), k.detach(), v.detach(), False, scale)
     lines = [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; host µs per call (GPU not waited for)"]
@@ -68,9 +67,7 @@ def threads(path=None):
     the main thread and from a custom Function's backward (which autograd runs on its CUDA worker thread)."""
     from flashlab import ops
     B, H, N, D = 4, 16, 1024, 64
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+    q, k, v, grad = attention_inputs(B, H, N, D)
     scale = D ** -0.5
     out, lse = hl.hopper_forward(q.detach(), k.detach(), v.detach(), False, scale)
     qd, kd, vd = q.detach(), k.detach(), v.detach()

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import flashlab
 from flashlab.timing import time_ms
+from measurements.inputs import attention_inputs
 
 SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]
 
@@ -19,9 +20,7 @@ SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]
 def main(path=None):
     rows = []
     for B, H, N, D in SHAPES:
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+        q, k, v, grad = attention_inputs(B, H, N, D)
         keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
         keep[: B // 2, ..., N - N // 8:] = False
         bias = torch.zeros(B, 1, 1, N, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, -float("inf"))

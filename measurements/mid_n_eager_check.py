@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import flashlab
 from flashlab.timing import time_graph_ms, time_ms
+from measurements.inputs import attention_inputs
 
 SHAPES = [(4, 16, 1024, 64), (16, 16, 1024, 64), (4, 16, 4096, 64)]
 
@@ -18,9 +19,7 @@ SHAPES = [(4, 16, 1024, 64), (16, 16, 1024, 64), (4, 16, 4096, 64)]
 def main(path=None):
     rows = []
     for B, H, N, D in SHAPES:
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+        q, k, v, grad = attention_inputs(B, H, N, D)
 
         def step(fn):
             return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
@@ -37,8 +36,7 @@ def main(path=None):
         print(json.dumps({k: round(x, 4) if isinstance(x, float) else x for k, x in row.items()}), flush=True)
         rows.append(row)
     B, H, N, D = SHAPES[0]
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    grad = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+    q, k, v, grad = attention_inputs(B, H, N, D)
     for _ in range(3):
         torch.autograd.grad(flashlab.attention(q, k, v), (q, k, v), grad)
     torch.cuda.synchronize()
