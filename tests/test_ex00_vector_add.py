@@ -33,7 +33,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # unmasked load shows (+inf after x and −inf after y caught only both: inf + (−inf), while the
 # masked load's 0 + (−inf) is a quiet −inf); after out, a value no store writes
 PAST_THE_END = {"x_ptr": SIGNALLING_NAN, "y_ptr": SIGNALLING_NAN}
-UNWRITTEN = 7.0
+PAST_END_FILL = 7.0      # after out: a value no store writes (not tests.hints.UNWRITTEN, the fill of new tensors)
 _last_launch: dict = {}     # the programs the last padded launch ran, for _assert_sum's hint
 
 
@@ -43,7 +43,7 @@ def _launch_padded(kernel, grid, args, kwargs):
     the end of x or y."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, UNWRITTEN))
+        copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, PAST_END_FILL))
     bound = bind(kernel, grid, args, kwargs)[1]
     _last_launch["programs"] = math.prod(grid(bound) if callable(grid) else grid)
     problems = []
@@ -100,11 +100,11 @@ def test_kernel_stores_nothing_past_the_end(exercise):
     elements after n must keep their value (the store is masked)."""
     n, block = 200, 128
     x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
-    buffer = torch.full((2 * block,), UNWRITTEN, device=DEVICE)
+    buffer = torch.full((2 * block,), PAST_END_FILL, device=DEVICE)
     exercise.vector_add(x[:block], y[:block], block=block)  # a stub launcher raises: "not started", not a failure
     exercise.add_kernel[(triton.cdiv(n, block),)](x, y, buffer, n, BLOCK=block)
     _assert_sum(buffer[:n], x, y, block, what="add_kernel alone")
-    require((buffer[n:] == UNWRITTEN).all(), "the kernel wrote past element n − 1: mask the store with offsets < n")
+    require((buffer[n:] == PAST_END_FILL).all(), "the kernel wrote past element n − 1: mask the store with offsets < n")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

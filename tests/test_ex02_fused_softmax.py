@@ -19,7 +19,7 @@ from tests.padded_launch import PaddedLaunch, bind, not_through_kernel_for, run_
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OUTSIDE_X = 1e4     # around x's rows: read there, it becomes the row max and every real column gives 0
-UNWRITTEN = 7.0     # around y's rows: a value no store writes
+PAST_END_FILL = 7.0     # around y's rows: a value no store writes
 
 
 def _launch_padded(kernel, grid, args, kwargs):
@@ -36,7 +36,7 @@ def _launch_padded(kernel, grid, args, kwargs):
                             f"apart: pass each tensor's own row stride, {tensor[0]}.stride(0)")
 
     def run(around_x):
-        return run_padded(kernel, grid, args, kwargs, lambda name: around_x if name == "x_ptr" else UNWRITTEN)
+        return run_padded(kernel, grid, args, kwargs, lambda name: around_x if name == "x_ptr" else PAST_END_FILL)
 
     copies = run(OUTSIDE_X)
     for name, (t, fill, buffer, inside, copy) in copies.items():
@@ -147,10 +147,10 @@ def test_kernel_stores_only_the_real_columns(exercise):
     """The kernel alone, writing rows of 25 columns into a buffer whose rows are 40 long:
     columns 25..39 of every row must keep their value (the store is masked)."""
     x = torch.randn(5, 25, device=DEVICE)
-    buffer = torch.full((5, 40), UNWRITTEN, device=DEVICE)
+    buffer = torch.full((5, 40), PAST_END_FILL, device=DEVICE)
     exercise.softmax(x)                         # a stub launcher raises: "not started", not a failure
     exercise.softmax_kernel[(5,)](x, buffer, 25, x.stride(0), buffer.stride(0), BLOCK=triton.next_power_of_2(25))
-    require((buffer[:, 25:] == UNWRITTEN).all(), "the kernel wrote columns ≥ n_cols: mask the store")
+    require((buffer[:, 25:] == PAST_END_FILL).all(), "the kernel wrote columns ≥ n_cols: mask the store")
     _assert_softmax(exercise, buffer[:, :25], x)
 
 
