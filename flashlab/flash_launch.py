@@ -177,14 +177,15 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         result = flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
         return result if grads is None else tuple(g.copy_(r) for g, r in zip(grads, result))
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
-    lse, grad_out = flash_small.lse_and_scaled_grad(lse, grad_out)    # a float mask's row fix, into dO
+    if small:                                                                            # one launch
+        return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
+                                          seed, is_causal, scale, input_precision, grads)
+    float_mask = attn_mask is not None and attn_mask.dtype != torch.bool
+    lse, l_fix_offset = flash_small.split_lse(lse, float_mask)   # a float mask's row fix c: l_fix_offset after L
     lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
-    if small:                                                                            # one launch
-        return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
-                                          seed, is_causal, scale, input_precision, grads)
     head_dim_args = _head_dim_args(head_dim)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     rows = PREPROCESS_BLOCK[q.device.type == "cuda"]
@@ -197,7 +198,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
                   DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **has_window, **head_dim_args)
     inputs = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
-    sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p, *band)
+    sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p, *band, l_fix_offset)
 
     def launch_dkdv(config):
         kernel_for(flash_backward_dkdv_kernel, q.device)[(_cdiv(n_k, config.block_n) * B * H_kv,)](

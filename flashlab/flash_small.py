@@ -67,13 +67,17 @@ def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device) -> torch
                        device=device)
 
 
-def lse_and_scaled_grad(lse: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L, dO) for the backward kernels from the forward's `new_lse`: with a float mask, dO·c.
-    Scaling row i of dO by c_i scales everything it feeds by c_i (dP = dO Vᵀ, D = rowsum(dO ∘ O),
-    dS = P ∘ (dP − D), dV = Pᵀ dO), which is the kernels' recomputed 2^(S − L) made exact."""
+def split_lse(lse: torch.Tensor, float_mask: bool) -> tuple[torch.Tensor, int]:
+    """(L, l_fix_offset) for the backward kernels from the forward's `new_lse`: with a float mask, L
+    and how many entries after it each row's fix c sits (the kernels multiply their recomputed P by
+    it); without, L and 0 (never read). A (B, H, Nq) L given beside a float mask (a caller's own)
+    gets c = 1 beside it: what the kernels did before c, never L's entries read as c."""
     if lse.dim() == 3:
-        return lse, grad_out
-    return lse[0], torch.mul(grad_out, lse[1].unsqueeze(-1)).to(grad_out.dtype)
+        if not float_mask:
+            return lse, 0
+        lse = torch.stack((lse, torch.ones_like(lse)))
+    assert lse.is_contiguous(), "the forward's (2, B, H, Nq) L and c are one contiguous buffer"
+    return lse[0], lse[0].numel()
 
 
 def _pow2(n: int) -> int:
@@ -293,7 +297,7 @@ def small_backward_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, n_zkv, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p,
+    H, n_zkv, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -337,6 +341,8 @@ def small_backward_kernel(
                 s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
                                  IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
+                if HAS_MASK and not MASK_IS_BOOL:                             # exact where L lost log2 l (_l_fix)
+                    p = p * tl.load(L + l_fix_offset + zh * n_q + offs_m, mask=row_ok, other=1.0)[:, None]
                 dp = dot(do, tl.trans(v), INPUT_PRECISION)                    # dP = dO Vᵀ
                 if DROPOUT:
                     keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
@@ -415,10 +421,10 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
 def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                    is_causal, scale, input_precision, grads=None):
     """The small backward, one launch: (dq, dk, dv). Inputs as `small_forward`'s, plus O, its
-    contiguous (B, H, Nq) L, and dO (contiguous rows). ``grads``: (dq, dk, dv) to write into
+    L as the forward returned it (`new_lse`), and dO (contiguous rows). ``grads``: (dq, dk, dv) to write into
     (views of one packed buffer, `flashlab.attention_qkvpacked`) instead of new tensors."""
     dropout = dropout_p > 0
-    lse, grad_out = lse_and_scaled_grad(lse, grad_out)
+    lse, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
@@ -440,7 +446,7 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
 
     plan = _plan(key, build)
     grid, ints, constants = plan
-    args = (q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints, scale * LOG2E, scale, seed, dropout_p)
+    args = (q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints, scale * LOG2E, scale, seed, dropout_p, l_fix_offset)
     if q.is_cuda:
         direct_launch.launch(small_backward_kernel, plan, grid, args, 10, constants)  # the ten tensors first
     else:

@@ -337,7 +337,8 @@ def _l_fix(lse, m, l, has_key):
     c·2^(S − L) = 2^(S − m) / l exactly. It is 1 to rounding, except where a float mask put
     m so far from 0 that L = m + log2 l lost log2 l: a row masked everywhere with
     finfo(float32).min (m ≈ −3.4e38, where fp32's spacing is 2e31) has L = m, and c = 1/l.
-    Stored for float masks only (nothing else moves m that far); the backward scales dO by it."""
+    Stored for float masks only (nothing else moves m that far), ``l_fix_offset`` entries after L;
+    the backward multiplies its recomputed P by it (dQ, which is linear in P, at the end)."""
     return tl.where(has_key, tl.math.exp2(tl.where(has_key, lse - m, 0.0)) / tl.where(has_key, l, 1.0), 1.0)
 
 
@@ -432,13 +433,14 @@ def flash_backward_preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, stride_dom, stride_mm, cols, d_ok,
-                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
+                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset,
                 CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
                 MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dK_j and dV_j (keys ``cols``) over query blocks lo, lo + BLOCK_M, … < hi of
     one q head: ``q_ptrs``, ``do_ptrs``, ``mask_ptrs`` are its tiles of query block 0, one
-    query row apart by ``stride_qm``, ``stride_dom``, ``stride_mm``; L and DELTA its rows.
+    query row apart by ``stride_qm``, ``stride_dom``, ``stride_mm``; L and DELTA its rows (and,
+    with a float mask, each row's fix c `l_fix_offset` after L: `_l_fix`).
 
     CHECKED=False is the fast path for tiles that need no masking: whole query blocks
     (inside Nq), a whole key block (inside Nk), entirely on or below the causal diagonal,
@@ -461,6 +463,8 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, s
             lse = tl.load(L + offs_m)
             delta = tl.load(DELTA + offs_m)
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
+        if HAS_MASK and not MASK_IS_BOOL:                        # exact where L lost log2 l: P·c (_l_fix)
+            p = p * tl.load(L + l_fix_offset + offs_m, mask=offs_m < n_q, other=1.0)[:, None]
         dp = dot(do, tl.trans(v), INPUT_PRECISION)               # dP = dO Vᵀ
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
@@ -480,7 +484,7 @@ def flash_backward_dkdv_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -525,17 +529,18 @@ def flash_backward_dkdv_kernel(
         # see autotune.Config), then the unchecked middle, then the ragged end of Nq (a window's far edge)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                              stride_qm, stride_dom, stride_mm, offs_n, d_ok, lo, clean_lo, n_q, n_k, qk_scale,
-                             seed, zh, dropout_p, band_lo, band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT,
+                             seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, True, IS_CAUSAL, HAS_MASK,
+                             MASK_IS_BOOL, DROPOUT,
                              HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
         if FAST_PATH:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                                  stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_lo, clean_hi, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, False, IS_CAUSAL, HAS_MASK,
-                                 MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
+                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, False, IS_CAUSAL,
+                                 HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                                  stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, hi, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, True, IS_CAUSAL, HAS_MASK,
-                                 MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
+                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, True, IS_CAUSAL,
+                                 HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
     DK += z * stride_dkz + kv_h * stride_dkh
     DV += z * stride_dvz + kv_h * stride_dvh
     tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
@@ -574,7 +579,7 @@ def flash_backward_dq_kernel(
     Q, K, V, MASK, DO, L, DELTA, DQ,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -618,5 +623,7 @@ def flash_backward_dq_kernel(
     dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
                    clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
                    True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
+    if HAS_MASK and not MASK_IS_BOOL:          # dQ is linear in each row's P: its fix c (_l_fix) at the end
+        dq = dq * tl.load(L + l_fix_offset + offs_m, mask=offs_m < n_q, other=1.0)[:, None]
     DQ += z * stride_dqz + h * stride_dqh
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

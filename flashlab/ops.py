@@ -121,7 +121,7 @@ flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_for
 @flash_attention_forward.register_fake
 def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1):
     B, H, n_q, _ = q.shape
-    float_mask = attn_mask is not None and attn_mask.is_floating_point()     # L and each row's fix: new_lse
+    float_mask = attn_mask is not None and attn_mask.dtype != torch.bool     # L and each row's fix: new_lse
     return output_like(q, v.shape[-1]), q.new_empty((2, B, H, n_q) if float_mask else (B, H, n_q),
                                                     dtype=torch.float32)
 
@@ -160,11 +160,12 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     """d loss / d attn_mask = dS, summed over the mask's broadcast dimensions:
         P = 2^(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
     with S = (Q Kᵀ·scale + mask)·log2(e) as the kernels form it (the mask saturated at ±2.35e38;
-    −inf where causal, outside the window or out of range), L the saved lse and dO scaled by each
-    row's fix where the forward stored one (`flash_small.lse_and_scaled_grad`)."""
-    from .flash_small import lse_and_scaled_grad
+    −inf where causal, outside the window or out of range), L the saved lse, and P times each
+    row's fix c where the forward stored one (`flash_small.split_lse`)."""
+    from .flash_small import split_lse
     from .naive import window_keep_mask
-    lse, grad_out = lse_and_scaled_grad(lse, grad_out)
+    row_fix = lse[1] if lse.dim() == 4 else None                     # c, under L (`new_lse`)
+    lse, _ = split_lse(lse, False)
     B, H, n_q, _ = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
@@ -175,6 +176,8 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     p = torch.exp2(scores - lse[..., None])                          # rows with no key: L = +inf → P = 0
+    if row_fix is not None:
+        p = p * row_fix[..., None]
     dp = grad_out.float() @ v.transpose(-1, -2)
     if dropout_p > 0:
         from .flash_launch import dropout_keep_mask

@@ -121,6 +121,10 @@
 # row's fix, _l_fix; 425 GPU tests passed after), tsp100-finish ran there (16.0 minutes, the last 3 on the H100:
 # results/README). On the H200 still, in order: tiles, defaults-from-tiles on the same warm machine (then here as
 # above), rl4co-and-suite.
+# Later that session a review moved each row's fix from a scaling of dO (fp16 underflow/overflow) into the backward
+# kernels (P·c in fp32). That version is compiled for sm_90 ahead of time (132 variants) and passes on the CPU, but
+# has not run on a GPU: first, on any GPU (an H100 will do), the mask tests:
+#   bash measurements/next_gpu_session.sh mask-tests OUT
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -130,7 +134,7 @@ gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIG
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
     tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
     tests/test_qkvpacked.py \
-    -k "gpu or hopper or tf32 or cuda or masked_everywhere or leading_dimensions" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+    -k "gpu or hopper or tf32 or cuda or masked_everywhere or leading_dimensions or shifted_far or mask" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 }
 small_path_suite() {   # the small path's tests, which run on the GPU whatever their names (gpu_suite's -k
                        # filter leaves them out)
@@ -307,6 +311,14 @@ elif [ "$phase" = eager-host ]; then
   # for three calls; python_layers gives the per-call Python with the kernels removed)
   timeout 180 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 150 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
+elif [ "$phase" = mask-tests ]; then
+  # 2026-12-06: each row's fix applied inside the backward kernels: every mask test of the drop-in, small-path,
+  # transformers and attention files, then the measured comparison against each SDPA backend
+  timeout -s INT -k 20 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_dropin.py \
+    tests/test_flash_small.py tests/test_transformers.py tests/test_attention.py tests/test_direct_launch.py \
+    -k "mask or finfo or shifted or padding or transformers or small or direct" -rf --tb=short \
+    > "$out/mask_gpu_tests.log" 2>&1; tail -n 12 "$out/mask_gpu_tests.log"
+  timeout 100 python -m measurements.masked_rows_grad_check "$out/masked_rows_grad_check.txt" 2>&1 | grep 'flashlab\|^N'
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step

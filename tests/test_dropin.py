@@ -181,7 +181,8 @@ def test_export_holds_the_custom_op():
     assert torch.equal(exported.module()(x, mask), model(x, mask))
 
 
-@pytest.mark.parametrize("case", ["causal", "float mask", "bool mask + dropout + gqa", "window + float mask"])
+@pytest.mark.parametrize("case", ["causal", "float mask", "bool mask + dropout + gqa", "window + float mask",
+                                  "uint8 mask"])
 def test_opcheck(case):
     q = torch.randn(1, 4, 5, 16, requires_grad=True)
     k, v = (torch.randn(1, 4 if case != "bool mask + dropout + gqa" else 2, 7, 16, requires_grad=True)
@@ -191,7 +192,10 @@ def test_opcheck(case):
             "bool mask + dropout + gqa": (q, k, v, torch.rand(5, 7) > 0.3, 0.3, torch.tensor(11), False, 0.25,
                                           "ieee"),
             "window + float mask": (q, k, v, torch.randn(1, 1, 5, 7, requires_grad=True), 0.0, None, True, 0.25,
-                                    "ieee", 2, 0)}[case]
+                                    "ieee", 2, 0),
+            # neither bool nor float (attention() refuses it; the op takes it as additive): the fake's L must
+            # have the real one's shape, L with each row's fix (a review found them differing)
+            "uint8 mask": (q, k, v, torch.zeros(1, 1, 5, 7, dtype=torch.uint8), 0.0, None, False, 0.25, "ieee")}[case]
     result = torch.library.opcheck(torch.ops.flashlab.flash_attention_forward.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
@@ -573,20 +577,54 @@ def test_rows_masked_everywhere_with_finfo_min_give_sdpas_mean_of_v_and_its_grad
     The gradients of such a row then need each row's fix (flash_triton._l_fix): without it they were Nk
     times SDPA's math backend's. Output and the gradients of q, k, v and the mask against float64 SDPA."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE) for _ in range(3))
-    mask = torch.zeros(1, 1, n, n, dtype=dtype, device=DEVICE)
-    mask[..., :3, :] = torch.finfo(dtype).min                     # rows 0-2: every key masked
-    mask[..., 3, :] = 3e38                                        # row 3: every key pushed up alike
-    mask[..., 5, 2:] = torch.finfo(dtype).min                     # row 5 sees keys 0 and 1
-    grad = torch.randn(1, 2, n, 16, dtype=dtype, device=DEVICE)
+    q, k, v = (torch.randn(2, 2, n, 16, dtype=dtype, device=DEVICE) for _ in range(3))
+    mask = torch.zeros(2, 1, n, n, dtype=dtype, device=DEVICE)
+    mask[0, :, :3, :] = torch.finfo(dtype).min                    # batch 0, rows 0-2: every key masked
+    mask[0, :, 3, :] = 3e38                                       # row 3: every key pushed up alike
+    mask[:, :, 5, 2:] = torch.finfo(dtype).min                    # row 5 sees keys 0 and 1
+    mask[1, :, 7, :] = torch.finfo(dtype).min                     # batch 1: row 7 (each row's fix, batch by batch)
+    grad = torch.randn(2, 2, n, 16, dtype=dtype, device=DEVICE)
     got = _flashlab_grads(q, k, v, mask, grad)
     want = _math_sdpa_grads(q, k, v, mask, grad, torch.float64)
     tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 1e-2
     assert_close(got[0], want[0], tol=tol)
-    assert_close(got[0][..., :4, :], v.double().mean(-2, keepdim=True).expand(1, 2, 4, 16), tol=tol,
+    assert_close(got[0][0, :, :4, :], v[0].double().mean(-2, keepdim=True).expand(2, 4, 16), tol=tol,
                  what="the huge rows: the mean of V")
     for g, w, name in zip(got[1:], want[1:], ("dq", "dk", "dv", "dmask")):
         assert_close(g, w, tol=2 * tol, what=name)
+
+
+@pytest.mark.parametrize("n_q, n_k, dtype, options", [
+    (130, 130, torch.float32, dict(is_causal=True)), (17, 130, torch.float32, dict(enable_gqa=True)),
+    (300, 300, torch.float32, dict(window=(40, 3))), (130, 17, torch.float16, {}), (9, 9, torch.float16, {})])
+def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q, n_k, dtype, options):
+    """Rows masked everywhere with finfo(float32).min, with causal masking, GQA (4 q heads, 2 k/v heads), a
+    window, fp16 q/k/v beside the fp32 mask (SDPA's rule allows it; on a GPU the kernels then run in fp16),
+    and a batch element whose keys are all padding: output and gradients against float64 SDPA (math)."""
+    torch.manual_seed(n_q + n_k)
+    heads_kv = 2 if options.get("enable_gqa") else 4
+    q = torch.randn(2, 4, n_q, 16, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(2, heads_kv, n_k, 16, device=DEVICE, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(2, 1, n_q, n_k, device=DEVICE)
+    mask[0, :, : n_q // 3, :] = torch.finfo(torch.float32).min            # batch 0: a third of its rows
+    mask[1, ..., n_k // 2:] = torch.finfo(torch.float32).min              # batch 1: half its keys padding
+    mask[1, ..., :2] = torch.finfo(torch.float32).min
+    grad = torch.randn(2, 4, n_q, 16, device=DEVICE, dtype=dtype)
+    window = options.pop("window", None)
+    tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 5e-3
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q_, k_, v_, attn_mask=mask, window=window, **options)      # (options keeps is_causal here)
+    got = (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
+    keep = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
+    if keep is not None:                          # SDPA takes no window, nor is_causal beside a mask: as −inf
+        mask = mask.masked_fill(~keep, float("-inf"))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask.double(), **options)
+    wants = (want, *torch.autograd.grad(want, (q64, k64, v64), grad.double()))
+    for g, w, name in zip(got, wants, ("out", "dq", "dk", "dv")):
+        assert_close(g, w, tol=tol if name == "out" else 2 * tol, what=name)
 
 
 @pytest.mark.parametrize("n", [9, 130])
