@@ -141,8 +141,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
     out = output_like(q)                          # O's layout follows q's (see output_like)
-    lse = flash_small.new_lse(B, H, n_q, has_mask and not mask_is_bool, q.device)
-    l_rows, l_fix = (lse[0], lse[1]) if lse.dim() == 4 else (lse, lse)       # L_FIX unused without a float mask
+    lse, l_rows, l_fix = flash_small.new_lse(B, H, n_q, has_mask and not mask_is_bool, q.device)
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
 
     def launch(config):
@@ -177,12 +176,13 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         result = flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale)
         return result if grads is None else tuple(g.copy_(r) for g, r in zip(grads, result))
     q, k, v, out, grad_out = (_rows_contiguous(t) for t in (q, k, v, out, grad_out))
+    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
     if small:                                                                            # one launch
-        return flash_small.small_backward(q, k, v, out, lse, grad_out, *_mask_args(attn_mask, q, k), dropout_p,
-                                          seed, is_causal, scale, input_precision, grads)
-    float_mask = attn_mask is not None and attn_mask.dtype != torch.bool
-    lse, l_fix_offset = flash_small.split_lse(lse, float_mask)   # a float mask's row fix c: l_fix_offset after L
-    lse = lse.contiguous()                     # the kernels index L as (B·H, Nq) rows
+        return flash_small.small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, mask_is_bool,
+                                          dropout_p, seed, is_causal, scale, input_precision, grads)
+    # a float mask's row fix c sits l_fix_offset entries after L; the kernels index L as (B·H, Nq) rows
+    lse, l_fix_offset = flash_small.split_lse(lse, has_mask and not mask_is_bool)
+    lse = lse.contiguous()
     B, H, n_q, head_dim = q.shape
     H_kv, n_k = k.shape[1], k.shape[2]
     group = H // H_kv
@@ -193,7 +193,6 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         out, grad_out, delta, *_strides(out), *_strides(grad_out), H, n_q, head_dim,
         BLOCK_M=rows, BLOCK_D=head_dim_args["BLOCK_D"])
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    mask, mask_strides, has_mask, mask_is_bool = _mask_args(attn_mask, q, k)
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
                   DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **has_window, **head_dim_args)

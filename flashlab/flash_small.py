@@ -59,12 +59,14 @@ MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by byt
 MAX_KEYS = 128                           # the widest score tile (BLOCK_M × 128) per step
 
 
-def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device) -> torch.Tensor:
-    """The forward's L, (B, H, Nq) float32; with a float mask (2, B, H, Nq): L, then each row's
-    c = 2^(L − m)/l (`flash_triton._l_fix`), which the backward needs where such a mask put a
-    row's max m beyond what L = m + log2 l can hold beside it (finfo(float32).min)."""
-    return torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
-                       device=device)
+def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device):
+    """(the forward's L, where its kernel writes L, where it writes c). L is (B, H, Nq) float32;
+    with a float mask (2, B, H, Nq): L, then each row's c = 2^(L − m)/l (`flash_triton._l_fix`),
+    which the backward needs where such a mask put a row's max m beyond what L = m + log2 l can
+    hold beside it (finfo(float32).min). Without one, c's pointer is L's (the kernel never writes it)."""
+    lse = torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
+                      device=device)
+    return (lse, lse[0], lse[1]) if float_mask else (lse, lse, lse)
 
 
 def split_lse(lse: torch.Tensor, float_mask: bool) -> tuple[torch.Tensor, int]:
@@ -408,8 +410,7 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     plan = _plan(key, build)
     grid, ints, constants, lse_shape, out_shape, out_strides = plan
     out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
-    lse = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
-    l_rows, l_fix = (lse[0], lse[1]) if lse.dim() == 4 else (lse, lse)   # L_FIX unused without a float mask
+    lse, l_rows, l_fix = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
     args = (q, k, v, mask, out, l_rows, l_fix, *ints, scale * LOG2E, seed, dropout_p)
     if q.is_cuda:
         direct_launch.launch(small_forward_kernel, plan, grid, args, 7, constants)   # the seven tensors first

@@ -530,8 +530,7 @@ def flash_backward_dkdv_kernel(
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                              stride_qm, stride_dom, stride_mm, offs_n, d_ok, lo, clean_lo, n_q, n_k, qk_scale,
                              seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, True, IS_CAUSAL, HAS_MASK,
-                             MASK_IS_BOOL, DROPOUT,
-                             HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
+                             MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
         if FAST_PATH:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
                                  stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_lo, clean_hi, n_q, n_k,

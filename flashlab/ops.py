@@ -161,11 +161,9 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
         P = 2^(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
     with S = (Q Kᵀ·scale + mask)·log2(e) as the kernels form it (the mask saturated at ±2.35e38;
     −inf where causal, outside the window or out of range), L the saved lse, and P times each
-    row's fix c where the forward stored one (`flash_small.split_lse`)."""
-    from .flash_small import split_lse
+    row's fix c where the forward stored one (`flash_small.new_lse`)."""
     from .naive import window_keep_mask
-    row_fix = lse[1] if lse.dim() == 4 else None                     # c, under L (`new_lse`)
-    lse, _ = split_lse(lse, False)
+    row_fix, lse = (lse[1], lse[0]) if lse.dim() == 4 else (None, lse)     # c under L (`flash_small.new_lse`)
     B, H, n_q, _ = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()

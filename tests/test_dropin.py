@@ -550,7 +550,7 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
     assert calls == [1], "with the switch unset the kernels run again"
 
 
-def _math_sdpa_grads(q, k, v, mask, grad, dtype):
+def _math_sdpa_grads(q, k, v, mask, grad, dtype, **options):
     """Output and gradients (q, k, v, mask) of SDPA's math backend in ``dtype``: softmax differentiated
     as composed. Its fused CPU backend (what the default dispatch picks on a CPU) keeps only each row's
     log-sum-exp, as the kernels do, and loses log(Nk) beside a score of −3.4e38: its gradients of a
@@ -558,7 +558,7 @@ def _math_sdpa_grads(q, k, v, mask, grad, dtype):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v, mask = (t.detach().to(dtype).requires_grad_() for t in (q, k, v, mask))
     with sdpa_kernel(SDPBackend.MATH):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
     return (out, *torch.autograd.grad(out, (q, k, v, mask), grad.to(dtype)))
 
 
@@ -618,11 +618,7 @@ def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q
     keep = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
     if keep is not None:                          # SDPA takes no window, nor is_causal beside a mask: as −inf
         mask = mask.masked_fill(~keep, float("-inf"))
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        want = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask.double(), **options)
-    wants = (want, *torch.autograd.grad(want, (q64, k64, v64), grad.double()))
+    wants = _math_sdpa_grads(q, k, v, mask, grad, torch.float64, **options)
     for g, w, name in zip(got, wants, ("out", "dq", "dk", "dv")):
         assert_close(g, w, tol=tol if name == "out" else 2 * tol, what=name)
 
