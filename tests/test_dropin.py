@@ -613,7 +613,10 @@ def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q
     window = options.pop("window", None)
     tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 5e-3
     q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-    out = attention(q_, k_, v_, attn_mask=mask, window=window, **options)      # (options keeps is_causal here)
+    flash_options = dict(options)                 # (options keeps is_causal here, for the reference below)
+    if CUDA and flash_options.pop("is_causal", False):
+        window = (-1, 0)                          # CUDA refuses is_causal beside a mask, as SDPA does: the same band
+    out = attention(q_, k_, v_, attn_mask=mask, window=window, **flash_options)
     got = (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
     keep = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
     if keep is not None:                          # SDPA takes no window, nor is_causal beside a mask: as −inf
