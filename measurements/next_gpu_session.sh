@@ -323,17 +323,20 @@ elif [ "$phase" = h200-tiles-or-h100-checks ]; then
   # 2026-12-06 (fifth session): mask-tests passed on an H100 but for a test that gave is_causal beside a mask on
   # CUDA (refused there, as SDPA does; fixed). One call for whichever card comes: on an H200, tiles (then at once
   # defaults-from-tiles); on an H100, the whole GPU suite with the final fix, and its cost: the code before any
-  # fix (carry runs/old_flashlab, from `git archive 8607f92 flashlab`) and after it, two interleaved rounds
+  # fix (carry runs/old_flashlab, from `git archive 8607f92 flashlab`) and after it, three interleaved rounds (SKIP_SUITE=1: those alone)
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" tiles "$out"; fi
-  gpu_suite 300
+  [ "${SKIP_SUITE:-0}" = 1 ] || gpu_suite 300
   mkdir -p "$out/cost"
-  for round in 1 2; do
+  for round in 1 2 3; do
     for code in old new; do
       path=.; [ $code = old ] && path=runs/old_flashlab:.
-      PYTHONPATH=$path FLASHLAB_AUTOTUNE=0 timeout 100 python -m measurements.float_mask_fix_cost \
+      # -P: python -m would put the working directory ahead of PYTHONPATH, and the "old" runs would import
+      # the new flashlab (as both runs of 2026-12-06's fourth session did: their records name one path)
+      PYTHONPATH=$path FLASHLAB_AUTOTUNE=0 timeout 100 python -P -m measurements.float_mask_fix_cost \
         "$out/cost/float_mask_fix_cost_${code}_$round.json" > "$out/cost/${code}_$round.log" 2>&1
       grep -o '"N": [0-9]*\|flashlab_float_ms": [0-9.]*\|flashlab_bool_ms": [0-9.]*' "$out/cost/${code}_$round.log" \
         | paste -sd' ' | sed "s/^/$code $round: /"
+      grep -o '"flashlab": "[^"]*"' "$out/cost/float_mask_fix_cost_${code}_$round.json"
     done
   done
 elif [ "$phase" = tiles ]; then
