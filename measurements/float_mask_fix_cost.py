@@ -1,10 +1,11 @@
-"""What the float mask's row fix costs (2026-12-06): with a float attn_mask the forward also stores each
-row's c = 2^(L − m)/l, and the backward kernels load it and multiply their recomputed P by it (dQ once at the
-end). Times forward+backward with a float key-padding mask beside the same mask as bool (no fix), no mask,
-and SDPA's default with and without the float mask, in one run.
-Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.float_mask_fix_cost OUT.json; with
-PYTHONPATH=OLD:. (OLD holding flashlab/ from before the fix, e.g. `git archive 8607f92 flashlab`) for the
-same without it. (The first version of the fix, b918a3e, scaled dO by c instead; its record timed that pass.)"""
+"""What the float mask's row fix costs (2026-12-06): with a float attn_mask the forward also stores each row's c = 2^(L
+− m)/l, and the backward kernels load it and multiply their recomputed P by it (dQ once at the end). Times
+forward+backward with a float key-padding mask beside the same mask as bool (no fix), no mask, and SDPA's default
+with and without the float mask, in one run.
+Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.float_mask_fix_cost OUT.json; with PYTHONPATH=OLD:.
+(OLD holding flashlab/ from before the fix, e.g. `git archive 8607f92 flashlab`) for the same without it; a second
+argument "small" times the routing-sized shape alone. (The first version of the fix, b918a3e, scaled dO by c
+instead; its record timed that pass.)"""
 import json
 import sys
 
@@ -18,9 +19,9 @@ from measurements.inputs import attention_inputs
 SHAPES = [(512, 8, 50, 16), (4, 16, 1024, 64), (4, 16, 4096, 64)]     # (B, H, N, D): routing-sized, then long
 
 
-def main(path=None):
+def main(path=None, shapes="all"):
     rows = []
-    for B, H, N, D in SHAPES:
+    for B, H, N, D in SHAPES[:1] if shapes == "small" else SHAPES:
         q, k, v, grad = attention_inputs(B, H, N, D)
         keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
         keep[: B // 2, ..., N - N // 8:] = False                              # half the batch padded by N/8
@@ -46,4 +47,4 @@ def main(path=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])      # OUT.json [small: the routing-sized shape alone]

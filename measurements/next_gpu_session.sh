@@ -339,6 +339,20 @@ elif [ "$phase" = h200-tiles-or-h100-checks ]; then
       grep -o '"flashlab": "[^"]*"' "$out/cost/float_mask_fix_cost_${code}_$round.json"
     done
   done
+elif [ "$phase" = small-step-old-new ]; then
+  # 2026-12-06 (fifth session): in h200-tiles-or-h100-checks' three rounds the eager N = 50 step took 0.17-0.21 ms
+  # before the fix and 0.22-0.52 after it, unmasked too (the fix touches only float masks; the CPU's per-call
+  # Python, measurements.python_layers, is the same at both). Eight runs of that shape alone, the order
+  # alternating (old new new old ...), to tell a change from the run-to-run spread of launch-bound timings
+  mkdir -p "$out/small"
+  for code in old new new old old new new old; do
+    path=.; [ $code = old ] && path=runs/old_flashlab:.
+    i=$(( $(ls "$out/small" | grep -c "^${code}_") + 1 ))
+    PYTHONPATH=$path FLASHLAB_AUTOTUNE=0 timeout 60 python -P -m measurements.float_mask_fix_cost \
+      "$out/small/${code}_$i.json" small > /dev/null 2>&1
+    python -c "import json,sys; r=json.load(open(sys.argv[1])); x=r['rows'][0]; print(sys.argv[2], r['flashlab'][-30:], \
+      {k: round(v, 3) for k, v in x.items() if k.endswith('_ms')})" "$out/small/${code}_$i.json" $code
+  done
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
