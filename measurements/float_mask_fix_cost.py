@@ -1,11 +1,11 @@
-"""What the float mask's row fix costs (2026-12-06): with a float attn_mask the forward also stores each row's c = 2^(L
-− m)/l, and the backward kernels load it and multiply their recomputed P by it (dQ once at the end). Times
-forward+backward with a float key-padding mask beside the same mask as bool (no fix), no mask, and SDPA's default
-with and without the float mask, in one run.
+"""What the float mask's row fix costs (2026-12-06): with a float attn_mask the forward also stores each row's c =
+2^(L − m)/l, and the backward kernels load it and multiply their recomputed P by it (dQ once at the end). Times
+forward+backward with a float key-padding mask beside the same mask as bool (no fix), no mask, and SDPA's
+default with and without the float mask, in one run.
 Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.float_mask_fix_cost OUT.json; with PYTHONPATH=OLD:.
-(OLD holding flashlab/ from before the fix, e.g. `git archive 8607f92 flashlab`) for the same without it; a second
-argument "small" times the routing-sized shape alone. (The first version of the fix, b918a3e, scaled dO by c
-instead; its record timed that pass.)"""
+(OLD holding flashlab/ from before the fix, e.g. `git archive 8607f92 flashlab`) for the same without it (with
+python -P: -m would put the working directory ahead of OLD); a second argument "small" times the routing-sized
+shape alone. (The first version of the fix, b918a3e, scaled dO by c instead; its record timed that pass.)"""
 import json
 import sys
 
