@@ -59,21 +59,21 @@ MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by byt
 MAX_KEYS = 128                           # the widest score tile (BLOCK_M × 128) per step
 
 
-def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device):
-    """(the forward's L, where its kernel writes L, where it writes c). L is (B, H, Nq) float32;
-    with a float mask (2, B, H, Nq): L, then each row's c = 2^(L − m)/l (`flash_triton._l_fix`),
-    which the backward needs where such a mask put a row's max m beyond what L = m + log2 l can
-    hold beside it (finfo(float32).min). Without one, c's pointer is L's (the kernel never writes it)."""
-    lse = torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
-                      device=device)
-    return (lse, lse[0], lse[1]) if float_mask else (lse, lse, lse)
+def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device) -> torch.Tensor:
+    """The forward's L, for its kernel to fill: (B, H, Nq) float32; with a float mask (2, B, H, Nq),
+    L, then each row's c = 2^(L − m)/l (`flash_triton._l_fix`), which the backward needs where such
+    a mask put a row's max m beyond what L = m + log2 l can hold beside it (finfo(float32).min).
+    The kernels, forward and backward, take it as `split_lse` gives it."""
+    return torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
+                       device=device)
 
 
 def split_lse(lse: torch.Tensor, float_mask: bool) -> tuple[torch.Tensor, int]:
-    """(L, l_fix_offset) for the backward kernels from the forward's `new_lse`: with a float mask, L
-    and how many entries after it each row's fix c sits (the kernels multiply their recomputed P by
-    it); without, L and 0 (never read). A (B, H, Nq) L given beside a float mask (a caller's own)
-    gets c = 1 beside it: what the kernels did before c, never L's entries read as c."""
+    """(L, l_fix_offset) for the kernels from `new_lse`'s buffer: with a float mask, L and how many
+    entries after it each row's fix c sits (the forward writes c there, the backward multiplies its
+    recomputed P by it); without, L and 0 (never read nor written). A (B, H, Nq) L given to the
+    backward beside a float mask (a caller's own) gets c = 1 beside it: what the kernels did before
+    c, never L's entries read as c."""
     if lse.dim() == 3:
         if not float_mask:
             return lse, 0
@@ -239,10 +239,10 @@ def force(**configs: SmallConfig):
 
 @triton.jit(do_not_specialize=["seed"])
 def small_forward_kernel(
-    Q, K, V, MASK, O, L, L_FIX,
+    Q, K, V, MASK, O, L,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
-    H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p,
+    H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -289,8 +289,8 @@ def small_forward_kernel(
         # L = m + log2 l, base 2 as the general forward's; +inf for a row with no key
         lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), float("inf"))
         tl.store(L + zh * n_q + offs_m, lse, mask=row_ok)
-        if HAS_MASK and not MASK_IS_BOOL:               # 2^(L − m)/l, see `_l_fix`
-            tl.store(L_FIX + zh * n_q + offs_m, _l_fix(lse, m, l, has_key), mask=row_ok)
+        if HAS_MASK and not MASK_IS_BOOL:               # c = 2^(L − m)/l, l_fix_offset after L: `_l_fix`
+            tl.store(L + l_fix_offset + zh * n_q + offs_m, _l_fix(lse, m, l, has_key), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -410,10 +410,11 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     plan = _plan(key, build)
     grid, ints, constants, lse_shape, out_shape, out_strides = plan
     out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
-    lse, l_rows, l_fix = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
-    args = (q, k, v, mask, out, l_rows, l_fix, *ints, scale * LOG2E, seed, dropout_p)
+    lse = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
+    l_rows, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)             # c's place: _l_fix
+    args = (q, k, v, mask, out, l_rows, *ints, scale * LOG2E, seed, dropout_p, l_fix_offset)
     if q.is_cuda:
-        direct_launch.launch(small_forward_kernel, plan, grid, args, 7, constants)   # the seven tensors first
+        direct_launch.launch(small_forward_kernel, plan, grid, args, 6, constants)   # the six tensors first
     else:
         kernel_for(small_forward_kernel, q.device)[grid](*args, **constants)
     return out, lse

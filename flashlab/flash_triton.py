@@ -344,10 +344,10 @@ def _l_fix(lse, m, l, has_key):
 
 @triton.jit(do_not_specialize=["seed"])
 def flash_forward_kernel(
-    Q, K, V, MASK, O, L, L_FIX,
+    Q, K, V, MASK, O, L,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi,
+    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -410,8 +410,8 @@ def flash_forward_kernel(
     # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
     lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
     tl.store(L + offs_m, lse, mask=row_ok)
-    if HAS_MASK and not MASK_IS_BOOL:
-        tl.store(L_FIX + zh * n_q + offs_m, _l_fix(lse, m_i, l_i, has_key), mask=row_ok)
+    if HAS_MASK and not MASK_IS_BOOL:                   # c = 2^(L − m)/l, l_fix_offset after L: `_l_fix`
+        tl.store(L + l_fix_offset + offs_m, _l_fix(lse, m_i, l_i, has_key), mask=row_ok)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ def compile_hopper(fn, constexprs: dict, descriptors: dict, num_warps: int, num_
             else:
                 signature[name] = f"tensordesc<bf16[1,1,{rows},{constexprs['HEAD_DIM']}]>"
         elif name.isupper() and name != "H":
-            signature[name] = "*fp32" if name in ("L", "L_FIX", "DELTA") else "*bf16"
+            signature[name] = "*fp32" if name in ("L", "DELTA") else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name in ("qk_scale", "sm_scale") else "i32"

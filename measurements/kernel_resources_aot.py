@@ -30,7 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOATS = ("qk_scale", "sm_scale", "dropout_p")
-FP32_POINTERS = ("L", "L_FIX", "DELTA")
+FP32_POINTERS = ("L", "DELTA")
 
 
 def load(path):

@@ -353,6 +353,12 @@ elif [ "$phase" = small-step-old-new ]; then
     python -c "import json,sys; r=json.load(open(sys.argv[1])); x=r['rows'][0]; print(sys.argv[2], r['flashlab'][-30:], \
       {k: round(v, 3) for k, v in x.items() if k.endswith('_ms')})" "$out/small/${code}_$i.json" $code
   done
+elif [ "$phase" = mask-tests-then-tiles-min ]; then
+  # 2026-12-06 (fifth session): the forward kernels now write each row's fix l_fix_offset entries after L, as
+  # the backward reads it (no L_FIX pointer): mask-tests on any card, then on an H200 tiles-min (issue 19's
+  # encoder target at 100 cities) with the budget that is left (~12 minutes)
+  bash "$0" mask-tests "$out"
+  if grep -q H200 "$out/gpu.txt"; then bash "$0" tiles-min "$out"; fi
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step

@@ -155,8 +155,8 @@ def pieces(n: int, d: int, calls: int) -> dict:
     o, l_ = torch.empty_like(qd), torch.empty(B, H, n, device="cuda")
     ops.forward_kernels(qd, kd, vd, None, 0.0, None, False, scale, "ieee")     # makes the plan
     plan = next(p for key, p in flash_small._plans.items() if key[0] == "forward" and key[1] == qd.shape)
-    grid, ints, constants, _ = plan
-    args = (qd, kd, vd, qd, o, l_, *ints, scale * LOG2E, 0, 0.0)
+    grid, ints, constants = plan[:3]
+    args = (qd, kd, vd, qd, o, l_, *ints, scale * LOG2E, 0, 0.0, 0)        # ..., seed, dropout_p, l_fix_offset
     row["launch_fwd_triton"] = wall_us(lambda: small_forward_kernel[grid](*args, **constants), calls)
     with direct(True):
         row["launch_fwd_direct"] = wall_us(lambda: direct_launch.launch(small_forward_kernel, plan, grid, args, 6,
