@@ -125,6 +125,11 @@
 # kernels (P·c in fp32). That version is compiled for sm_90 ahead of time (132 variants) and passes on the CPU, but
 # has not run on a GPU: first, on any GPU (an H100 will do), the mask tests:
 #   bash measurements/next_gpu_session.sh mask-tests OUT
+# 2026-12-06 (fifth session): mask-tests ran on an H100 (122 of 123; the failure was the test's, fixed), the GPU suite
+# (330 passed) and the fix's cost against the code before it (results/README, "The row fix inside the kernels"). Then
+# the forward kernels moved c to l_fix_offset after L (no L_FIX pointer), compiled ahead of time and passing on the CPU;
+# H200 and H100 calls were refused after that. Next, in order: mask-tests-then-tiles-min (any card; tiles-min only on an
+# H200), then on an H200 tiles and at once defaults-from-tiles (then here as above), rl4co-and-suite.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
