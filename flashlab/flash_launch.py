@@ -5,6 +5,7 @@ points; `flashlab.flash_attention` builds the public API on them."""
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -67,6 +68,14 @@ def _mask_args(attn_mask, q, k):
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)  # same bytes; Triton reads uint8 more portably than i1
     return mask, mask.stride(), True, attn_mask.dtype == torch.bool
+
+
+def _mask_row_shared(mask_strides, has_mask: bool) -> bool:
+    """Whether the general kernels load the mask as one row that every query shares
+    (`flash_triton._mask_tile_ptrs`): a mask with stride 0 over the queries (key padding,
+    (B, 1, 1, Nk)), with ``FLASHLAB_MASK_ROW_SHARED=1`` (read per call). Off by default until it is
+    timed on a GPU against the BLOCK_M-copies load (results/README, "What an attn_mask costs")."""
+    return has_mask and mask_strides[2] == 0 and os.environ.get("FLASHLAB_MASK_ROW_SHARED", "0") == "1"
 
 
 def draw_dropout_seed() -> int:
@@ -151,6 +160,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
             q, k, v, mask, out, l_rows, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p, *band, l_fix_offset,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
+            MASK_ROW_SHARED=_mask_row_shared(mask_strides, has_mask),
             INPUT_PRECISION=input_precision, **has_window, **_head_dim_args(head_dim), **config.kwargs())
         return out, lse
 
@@ -196,6 +206,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+                  MASK_ROW_SHARED=_mask_row_shared(mask_strides, has_mask),
                   DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **has_window, **head_dim_args)
     inputs = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
     sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p, *band, l_fix_offset)

@@ -225,6 +225,19 @@ def dot(a, b, INPUT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _mask_tile_ptrs(MASK, rows, cols, stride_mm, stride_mn, MASK_ROW_SHARED: tl.constexpr):
+    """The attn_mask's entries for queries ``rows`` × keys ``cols``. With MASK_ROW_SHARED (every
+    query reads the same row: a key-padding mask, (B, 1, 1, Nk) expanded over the queries with
+    stride 0) a 1 × BLOCK_N block, which `_tile_scores` loads once per tile and broadcasts over the
+    queries, instead of a BLOCK_M × BLOCK_N block of BLOCK_M copies of that row."""
+    if MASK_ROW_SHARED:                 # (a constexpr branch: one shape per compiled kernel, one return)
+        ptrs = MASK + cols[None, :] * stride_mn
+    else:
+        ptrs = MASK + rows[:, None] * stride_mm + cols[None, :] * stride_mn
+    return ptrs
+
+
+@triton.jit
 def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
                  IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
                  HAS_WINDOW: tl.constexpr, INPUT_PRECISION: tl.constexpr):
@@ -238,7 +251,10 @@ def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_
         rel = cols[None, :] - rows[:, None]
         valid = valid & (rel >= band_lo) & (rel <= band_hi)
     if HAS_MASK:
-        mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
+        if mask_ptrs.shape[0] == 1:                             # one row for every query (_mask_tile_ptrs)
+            mask_tile = tl.load(mask_ptrs, mask=(cols < n_k)[None, :], other=0)
+        else:
+            mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
         if MASK_IS_BOOL:
             valid = valid & (mask_tile != 0)                     # True = takes part
         else:
@@ -350,7 +366,7 @@ def flash_forward_kernel(
     H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
 ):
     # A 1-D grid of cdiv(Nq, BLOCK_M)·B·H programs, query blocks varying fastest (programs of
     # one head run together and share its K/V in L2). CUDA caps grid dims 1 and 2 at 65535,
@@ -380,7 +396,7 @@ def flash_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
-    mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+    mask_ptrs = _mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
 
     lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
                                             BLOCK_M, BLOCK_N)
@@ -487,7 +503,7 @@ def flash_backward_dkdv_kernel(
     H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
@@ -523,7 +539,7 @@ def flash_backward_dkdv_kernel(
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
         q_ptrs = Q + g * stride_qh + offs_mb[:, None] * stride_qm + offs_d[None, :]
         do_ptrs = DO + g * stride_doh + offs_mb[:, None] * stride_dom + offs_d[None, :]
-        mask_ptrs = MASK + g * stride_mh + offs_mb[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        mask_ptrs = _mask_tile_ptrs(MASK + g * stride_mh, offs_mb, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
         zh = z * H + first_h + g
         # diagonal (all of [lo, hi) without FAST_PATH: one loop, less code and fewer registers,
         # see autotune.Config), then the unchecked middle, then the ragged end of Nq (a window's far edge)
@@ -581,7 +597,7 @@ def flash_backward_dq_kernel(
     H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
 ):
     num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, query blocks fastest
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
@@ -608,7 +624,7 @@ def flash_backward_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
-    mask_ptrs = MASK + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+    mask_ptrs = _mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
 
     lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
                                             BLOCK_M, BLOCK_N)                      # the forward's split

@@ -73,8 +73,8 @@ def resources(kernel) -> dict:
 
 def main(paths):
     print(f"Triton {triton.__version__}, compiled for sm_90; bf16, no mask, no dropout, EVEN_D")
-    flags = dict(HAS_MASK=False, MASK_IS_BOOL=False, DROPOUT=False, HAS_WINDOW=False, EVEN_D=True,
-                 INPUT_PRECISION="ieee")
+    flags = dict(HAS_MASK=False, MASK_IS_BOOL=False, MASK_ROW_SHARED=False, DROPOUT=False, HAS_WINDOW=False,
+                 EVEN_D=True, INPUT_PRECISION="ieee")
     for path in paths:
         kernels = load(path)
         print(f"\n{path}")

@@ -130,6 +130,8 @@
 # the forward kernels moved c to l_fix_offset after L (no L_FIX pointer), compiled ahead of time and passing on the CPU;
 # H200 and H100 calls were refused after that. Next, in order: mask-tests-then-tiles-min (any card; tiles-min only on an
 # H200), then on an H200 tiles and at once defaults-from-tiles (then here as above), rl4co-and-suite.
+# Later that session: the row-shared mask load is back, behind FLASHLAB_MASK_ROW_SHARED=1 (results/README, "What an
+# attn_mask costs"): row-shared on any card (if it holds, make it the default), before the H200 phases.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -364,6 +366,22 @@ elif [ "$phase" = mask-tests-then-tiles-min ]; then
   # encoder target at 100 cities) with the budget that is left (~12 minutes)
   bash "$0" mask-tests "$out"
   if grep -q H200 "$out/gpu.txt"; then bash "$0" tiles-min "$out"; fi
+elif [ "$phase" = row-shared ]; then
+  # 2026-12-06 (fifth session): the row-shared mask load again (FLASHLAB_MASK_ROW_SHARED=1, off by default). Its
+  # first trial's "before" ran the same code as its "after" (python -m and PYTHONPATH), so "no gain" was unfounded;
+  # its numbers (0.85 ms against 1.60 forward) were the row-shared code's. The mask tests with it on, then
+  # mask_overhead_check with the switch off and on, same tree, four alternating runs (~5 min)
+  FLASHLAB_MASK_ROW_SHARED=1 timeout -s INT -k 20 170 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 \
+    tests/test_dropin.py tests/test_attention.py tests/test_transformers.py \
+    -k "mask or padding or shared_row or finfo or shifted or transformers" -rf --tb=short \
+    > "$out/row_shared_gpu_tests.log" 2>&1; tail -n 6 "$out/row_shared_gpu_tests.log"
+  for on in 0 1 1 0; do
+    i=$(( $(ls "$out" | grep -c "^mask_overhead_row_shared_${on}_") + 1 ))
+    FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 100 python -m measurements.mask_overhead_check \
+      "$out/mask_overhead_row_shared_${on}_$i.json" > "$out/mask_overhead_row_shared_${on}_$i.log" 2>&1
+    grep '"N": 4096' "$out/mask_overhead_row_shared_${on}_$i.log" | grep -o '"mask": "[^"]*", "impl": "flashlab", "fwd_ms": [0-9.]*, "step_ms": [0-9.]*' \
+      | sed "s/^/switch $on: /"
+  done
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step

@@ -643,6 +643,57 @@ def test_rows_shifted_far_get_the_gradients_of_their_own_forward(n):
         assert_close(g, w, tol=1e-5 if not CUDA else 3e-3, what=name)
 
 
+@pytest.mark.parametrize("n_q, n_k, mask_dtype, options", [
+    (130, 130, torch.bool, {}), (130, 300, torch.float32, {}), (300, 300, torch.bool, dict(is_causal=True)),
+    (300, 300, torch.float32, dict(window=(40, 3))), (130, 130, torch.float32, dict(dropout_p=0.3)),
+    (17, 300, torch.bool, dict(enable_gqa=True))])
+def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(monkeypatch, n_q, n_k, mask_dtype,
+                                                                                 options):
+    """FLASHLAB_MASK_ROW_SHARED=1: a mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is
+    loaded as one 1 × BLOCK_N row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs),
+    instead of BLOCK_M copies of it. Lengths past the small path's 128 keys (the general kernels), bool and
+    float, causal, a window, dropout (the same seed), GQA: output and gradients against the same mask
+    materialised (B, 1, Nq, Nk), which takes the copies' load, and against float64 SDPA."""
+    from flashlab import flash_launch
+    torch.manual_seed(n_q + n_k)
+    heads_kv = 2 if options.get("enable_gqa") else 4
+    q = torch.randn(2, 4, n_q, 32, device=DEVICE)
+    k, v = (torch.randn(2, heads_kv, n_k, 32, device=DEVICE) for _ in range(2))
+    grad = torch.randn(2, 4, n_q, 32, device=DEVICE)
+    keep = torch.ones(2, 1, 1, n_k, dtype=torch.bool, device=DEVICE)
+    keep[0, ..., n_k - n_k // 3:] = False                                  # batch 0: its last third padding
+    keep[1, ..., :5] = False
+    mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape, device=DEVICE).masked_fill(
+        ~keep, torch.finfo(torch.float32).min)
+    materialised = mask.expand(2, 1, n_q, n_k).contiguous()
+    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "1")
+    assert flash_launch._mask_row_shared(mask.expand(2, 4, n_q, n_k).stride(), True)     # the shared load is taken
+    assert not flash_launch._mask_row_shared(materialised.expand(2, 4, n_q, n_k).stride(), True)
+
+    def run(m):
+        torch.manual_seed(1)                                               # dropout's seed: the same draws
+        q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+        out = attention(q_, k_, v_, attn_mask=m, **options)
+        return (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
+    shared, copies = run(mask), run(materialised)
+    for got, want, name in zip(shared, copies, ("out", "dq", "dk", "dv")):
+        if CUDA:                    # two compiled kernels may contract multiply-adds differently
+            assert_close(got, want, tol=1e-5, what=f"{name}: shared row against its copies")
+        else:
+            assert torch.equal(got, want), f"{name}: the shared row's result differs from its copies'"
+    if not options.get("dropout_p"):
+        options = dict(options)
+        window = options.pop("window", None)
+        keep_band = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
+        reference = materialised if mask_dtype != torch.bool else torch.zeros(materialised.shape, device=DEVICE) \
+            .masked_fill(~materialised, float("-inf"))
+        if keep_band is not None:
+            reference = reference.masked_fill(~keep_band, float("-inf"))
+        want = _math_sdpa_grads(q, k, v, reference, grad, torch.float64, **options)
+        for got, w, name in zip(shared, want, ("out", "dq", "dk", "dv")):
+            assert_close(got, w, tol=1e-5 if not CUDA else 3e-3, what=name)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_finfo_min_padding_mask_warns_nothing(dtype):
     """Padding keys masked with finfo(dtype).min (transformers' value; T5 and BERT pass it) overflow
