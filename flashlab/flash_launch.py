@@ -150,9 +150,11 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
         return flash_small.small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
                                          is_causal, scale, input_precision)
     out = output_like(q)                          # O's layout follows q's (see output_like)
-    lse = flash_small.new_lse(B, H, n_q, has_mask and not mask_is_bool, q.device)
-    l_rows, l_fix_offset = flash_small.split_lse(lse, has_mask and not mask_is_bool)   # c's place: _l_fix
+    float_mask = has_mask and not mask_is_bool
+    lse = flash_small.new_lse(B, H, n_q, float_mask, q.device)
+    l_rows, l_fix_offset = flash_small.split_lse(lse, float_mask)                     # c's place: _l_fix
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
+    row_shared = _mask_row_shared(mask_strides, has_mask)                 # once, not per tuning candidate
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
@@ -160,8 +162,8 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
             q, k, v, mask, out, l_rows, *_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(out),
             H, n_q, n_k, head_dim, group, scale * LOG2E, seed, dropout_p, *band, l_fix_offset,
             IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout_p > 0,
-            MASK_ROW_SHARED=_mask_row_shared(mask_strides, has_mask),
-            INPUT_PRECISION=input_precision, **has_window, **_head_dim_args(head_dim), **config.kwargs())
+            MASK_ROW_SHARED=row_shared, INPUT_PRECISION=input_precision, **has_window, **_head_dim_args(head_dim),
+            **config.kwargs())
         return out, lse
 
     _tuned_launch("forward", q, k, is_causal, has_mask, dropout_p > 0, launch, input_precision,

@@ -410,8 +410,9 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     plan = _plan(key, build)
     grid, ints, constants, lse_shape, out_shape, out_strides = plan
     out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
-    lse = new_lse(*lse_shape, has_mask and not mask_is_bool, q.device)
-    l_rows, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)             # c's place: _l_fix
+    float_mask = has_mask and not mask_is_bool
+    lse = new_lse(*lse_shape, float_mask, q.device)
+    l_rows, l_fix_offset = split_lse(lse, float_mask)                                 # c's place: _l_fix
     args = (q, k, v, mask, out, l_rows, *ints, scale * LOG2E, seed, dropout_p, l_fix_offset)
     if q.is_cuda:
         direct_launch.launch(small_forward_kernel, plan, grid, args, 6, constants)   # the six tensors first

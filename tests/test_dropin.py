@@ -562,6 +562,15 @@ def _math_sdpa_grads(q, k, v, mask, grad, dtype, **options):
     return (out, *torch.autograd.grad(out, (q, k, v, mask), grad.to(dtype)))
 
 
+def _sdpa_mask(mask, n_q, n_k, is_causal=False, window=None):
+    """``mask`` as SDPA takes it beside flashlab's causal flag and window, which SDPA lacks (or refuses
+    beside a mask): additive, bool's False and everything outside the band at −inf."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    keep = flashlab.naive.window_keep_mask(n_q, n_k, is_causal, window, mask.device)
+    return mask if keep is None else mask.masked_fill(~keep, float("-inf"))
+
+
 def _flashlab_grads(q, k, v, mask, grad):
     q, k, v, mask = (t.detach().requires_grad_() for t in (q, k, v, mask))
     out = attention(q, k, v, attn_mask=mask)
@@ -618,9 +627,7 @@ def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q
         window = (-1, 0)                          # CUDA refuses is_causal beside a mask, as SDPA does: the same band
     out = attention(q_, k_, v_, attn_mask=mask, window=window, **flash_options)
     got = (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
-    keep = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
-    if keep is not None:                          # SDPA takes no window, nor is_causal beside a mask: as −inf
-        mask = mask.masked_fill(~keep, float("-inf"))
+    mask = _sdpa_mask(mask, n_q, n_k, options.pop("is_causal", False), window)
     wants = _math_sdpa_grads(q, k, v, mask, grad, torch.float64, **options)
     for g, w, name in zip(got, wants, ("out", "dq", "dk", "dv")):
         assert_close(g, w, tol=tol if name == "out" else 2 * tol, what=name)
@@ -683,12 +690,7 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
             assert torch.equal(got, want), f"{name}: the shared row's result differs from its copies'"
     if not options.get("dropout_p"):
         options = dict(options)
-        window = options.pop("window", None)
-        keep_band = flashlab.naive.window_keep_mask(n_q, n_k, options.pop("is_causal", False), window, DEVICE)
-        reference = materialised if mask_dtype != torch.bool else torch.zeros(materialised.shape, device=DEVICE) \
-            .masked_fill(~materialised, float("-inf"))
-        if keep_band is not None:
-            reference = reference.masked_fill(~keep_band, float("-inf"))
+        reference = _sdpa_mask(materialised, n_q, n_k, options.pop("is_causal", False), options.pop("window", None))
         want = _math_sdpa_grads(q, k, v, reference, grad, torch.float64, **options)
         for got, w, name in zip(shared, want, ("out", "dq", "dk", "dv")):
             assert_close(got, w, tol=1e-5 if not CUDA else 3e-3, what=name)
