@@ -2,9 +2,9 @@
 no mask (the Hopper kernels, then the general ones with FLASHLAB_HOPPER=0 set per call), a key-padding mask as
 bool and as float (B, 1, 1, Nk), the same float mask expanded over the queries (B, 1, Nq, Nk, stride 0, as
 transformers' encoders pass it) and materialised (B, 1, Nq, Nk), and SDPA's default with none and the float one.
-Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json; with
-FLASHLAB_MASK_ROW_SHARED=1 the key-padding masks (stride 0 over the queries) take the shared-row load. The record
-names the flashlab it imported and the switch."""
+Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json; the key-padding masks
+(stride 0 over the queries) take the shared-row load, or with FLASHLAB_MASK_ROW_SHARED=0 the copies' load. The
+record names the flashlab it imported and the switch ("1" unless it is set: the default since 2026-12-06)."""
 import json
 import os
 import sys
@@ -56,7 +56,7 @@ def main(path=None):
                 rows.append(row)
     if path:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashlab=flashlab.__file__,
-                       mask_row_shared=os.environ.get("FLASHLAB_MASK_ROW_SHARED", "0"), rows=rows), open(path, "w"),
+                       mask_row_shared=os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1"), rows=rows), open(path, "w"),
                   indent=1)
 
 

@@ -366,6 +366,12 @@ elif [ "$phase" = mask-tests-then-tiles-min ]; then
   # encoder target at 100 cities) with the budget that is left (~12 minutes)
   bash "$0" mask-tests "$out"
   if grep -q H200 "$out/gpu.txt"; then bash "$0" tiles-min "$out"; fi
+elif [ "$phase" = first-of-session ]; then
+  # 2026-12-06 (sixth session): one first call for whichever card comes. An H200 is rare (six sessions gave
+  # H100s): there, tiles at once (then defaults-from-tiles on the same warm machine, then mask-tests); on an
+  # H100, mask-tests (d7d96b0 and the fixed test), then row-shared in the next call
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" tiles "$out"; fi
+  exec bash "$0" mask-tests "$out"
 elif [ "$phase" = row-shared ]; then
   # 2026-12-06 (fifth session): the row-shared mask load again (FLASHLAB_MASK_ROW_SHARED=1, off by default). Its
   # first trial's "before" ran the same code as its "after" (python -m and PYTHONPATH), so "no gain" was unfounded;
@@ -376,7 +382,7 @@ elif [ "$phase" = row-shared ]; then
     -k "mask or padding or shared_row or finfo or shifted or transformers" -rf --tb=short \
     > "$out/row_shared_gpu_tests.log" 2>&1; tail -n 6 "$out/row_shared_gpu_tests.log"
   for on in 0 1 1 0; do
-    i=$(( $(ls "$out" | grep -c "^mask_overhead_row_shared_${on}_") + 1 ))
+    i=$(( $(ls "$out" | grep -c "^mask_overhead_row_shared_${on}_.*json") + 1 ))
     FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 100 python -m measurements.mask_overhead_check \
       "$out/mask_overhead_row_shared_${on}_$i.json" > "$out/mask_overhead_row_shared_${on}_$i.log" 2>&1
     grep '"N": 4096' "$out/mask_overhead_row_shared_${on}_$i.log" | grep -o '"mask": "[^"]*", "impl": "flashlab", "fwd_ms": [0-9.]*, "step_ms": [0-9.]*' \
