@@ -372,6 +372,12 @@ elif [ "$phase" = first-of-session ]; then
   # H100, mask-tests (d7d96b0 and the fixed test), then row-shared in the next call
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" tiles "$out"; fi
   exec bash "$0" mask-tests "$out"
+elif [ "$phase" = tiles-or-suite ]; then
+  # 2026-12-06 (sixth session), after the shared-row load became the default: on an H200, tiles (then at once
+  # defaults-from-tiles); on an H100, the GPU suite and the small path's tests with that default
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" tiles "$out"; fi
+  gpu_suite 400
+  small_path_suite 150
 elif [ "$phase" = row-shared ]; then
   # 2026-12-06 (fifth session): the row-shared mask load again (FLASHLAB_MASK_ROW_SHARED=1, off by default). Its
   # first trial's "before" ran the same code as its "after" (python -m and PYTHONPATH), so "no gain" was unfounded;
