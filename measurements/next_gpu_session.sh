@@ -394,6 +394,24 @@ elif [ "$phase" = row-shared ]; then
     grep '"N": 4096' "$out/mask_overhead_row_shared_${on}_$i.log" | grep -o '"mask": "[^"]*", "impl": "flashlab", "fwd_ms": [0-9.]*, "step_ms": [0-9.]*' \
       | sed "s/^/switch $on: /"
   done
+elif [ "$phase" = h200-in-one-call ]; then
+  # 2026-12-06 (sixth session): tiles and defaults-from-tiles in one call, for a budget that leaves one. On an
+  # H100 (tiles and the launches file are recorded for it) it stops at once. On the H100 these steps took
+  # 40 + 87 + 163 s (results/h100/small_graphs_tiles.log, small_graphs_choices_d32_d64.log,
+  # defaults_verify_2026-12-06/small_graphs.log); the packed form's and the small path's tests passed there this
+  # session (results/h100/gpu_suite_row_shared_default_2026-12-06/), so they are left out here
+  if ! grep -q H200 "$out/gpu.txt"; then echo "not an H200: nothing run"; exit 0; fi
+  roofline_peaks
+  timeout 200 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
+    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 170 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  mkdir -p "$out/d32_d64" "$out/defaults"
+  timeout 130 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
+    --choice-n 100 50 20 --budget-s 100 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
+  python -m measurements.small_defaults results/h200/small_graphs_choices.json "$out/small_graphs.json" \
+    "$out/d32_d64/small_graphs.json" || exit 1
+  cp flashlab/tuned/small_path/*.json "$out/defaults/"
+  timeout 230 python -m measurements.small_graphs "$out/defaults" --sections correctness table tsp_encoder \
+    --budget-s 190 > "$out/defaults/small_graphs.log" 2>&1; tail -n 16 "$out/defaults/small_graphs.log"
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
