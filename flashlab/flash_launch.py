@@ -5,7 +5,6 @@ points; `flashlab.flash_attention` builds the public API on them."""
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -17,6 +16,7 @@ from .flash_triton import (
     flash_backward_dq_kernel,
     flash_backward_preprocess_kernel,
     flash_forward_kernel,
+    mask_row_shared,
 )
 from .layouts import output_like
 from .naive import window_band
@@ -68,16 +68,6 @@ def _mask_args(attn_mask, q, k):
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)  # same bytes; Triton reads uint8 more portably than i1
     return mask, mask.stride(), True, attn_mask.dtype == torch.bool
-
-
-def _mask_row_shared(mask_strides, has_mask: bool) -> bool:
-    """Whether the general kernels load the mask as one row that every query shares
-    (`flash_triton._mask_tile_ptrs`): a mask with stride 0 over the queries (key padding,
-    (B, 1, 1, Nk)), instead of BLOCK_M copies of that row. On an H100 at 4 × 16 × 4096 × 64 it took a
-    float key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (results/README,
-    "What an attn_mask costs"). ``FLASHLAB_MASK_ROW_SHARED=0`` (read per call) takes the copies' load,
-    for comparison."""
-    return has_mask and mask_strides[2] == 0 and os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1") != "0"
 
 
 def draw_dropout_seed() -> int:
@@ -156,7 +146,7 @@ def flash_forward(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_p
     lse = flash_small.new_lse(B, H, n_q, float_mask, q.device)
     l_rows, l_fix_offset = flash_small.split_lse(lse, float_mask)                     # c's place: _l_fix
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
-    row_shared = _mask_row_shared(mask_strides, has_mask)                 # once, not per tuning candidate
+    row_shared = mask_row_shared(mask_strides, has_mask)                 # once, not per tuning candidate
 
     def launch(config):
         grid = (_cdiv(n_q, config.block_m) * B * H,)         # 1-D: see the kernel
@@ -210,7 +200,7 @@ def flash_backward(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_c
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     is_causal, has_window, band = _band_args(window, is_causal, n_q, n_k)
     common = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                  MASK_ROW_SHARED=_mask_row_shared(mask_strides, has_mask),
+                  MASK_ROW_SHARED=mask_row_shared(mask_strides, has_mask),
                   DROPOUT=dropout_p > 0, INPUT_PRECISION=input_precision, **has_window, **head_dim_args)
     inputs = (*_strides(q), *_strides(k), *_strides(v), *mask_strides, *_strides(grad_out))
     sizes = (H, n_q, n_k, head_dim, group, scale * LOG2E, scale, seed, dropout_p, *band, l_fix_offset)

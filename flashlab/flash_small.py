@@ -51,7 +51,7 @@ from .autotune import _gpu_name as autotune_gpu_name
 from .autotune import overriding
 from .autotune_cache import gpu_slug
 from .first_order import first_order_only
-from .flash_triton import LOG2E, _l_fix, _tile_scores, dot, dropout_keep
+from .flash_triton import LOG2E, _l_fix, _mask_tile_ptrs, _tile_scores, dot, dropout_keep, mask_row_shared
 from .layouts import output_layout, unpack_qkv
 from .runtime import kernel_for
 
@@ -243,9 +243,9 @@ def small_forward_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
     H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, l_fix_offset,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
+    DROPOUT: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: cdiv(Nq, BLOCK_M) · cdiv(B·H, HEADS) programs, query blocks fastest
     num_m = tl.cdiv(n_q, BLOCK_M)
@@ -269,7 +269,8 @@ def small_forward_kernel(
                     mask=kv_ok, other=0.0)
         v = tl.load(V + z * stride_vz + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                     mask=kv_ok, other=0.0)
-        mask_ptrs = MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        mask_ptrs = _mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm, stride_mn,
+                                    MASK_ROW_SHARED)            # key padding: one row for every query
         # S = Q Kᵀ·scale·log2(e), −inf where masked (keys ≥ Nk, causal j > i, attn_mask)
         s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,     # no window (band unused)
                          IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
@@ -300,9 +301,9 @@ def small_backward_kernel(
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
     H, n_zkv, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, l_fix_offset,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
+    DROPOUT: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: cdiv(B·H_kv, HEADS) programs; each owns HEADS (batch, k/v head) pairs outright
     h_kv = H // GROUP
@@ -338,8 +339,8 @@ def small_backward_kernel(
                             mask=q_ok, other=0.0)
                 delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)       # D_i = rowsum(dO ∘ O)
                 lse = tl.load(L + zh * n_q + offs_m, mask=row_ok, other=float("inf"))
-                mask_ptrs = (MASK + z * stride_mz + h * stride_mh + offs_m[:, None] * stride_mm
-                             + offs_n[None, :] * stride_mn)
+                mask_ptrs = _mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm,
+                                            stride_mn, MASK_ROW_SHARED)
                 s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
                                  IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
@@ -391,8 +392,9 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     returns them. q, k, v have contiguous rows (head dimension stride 1); the mask is
     `flash_launch._mask_args`'s."""
     dropout = dropout_p > 0
+    row_shared = mask_row_shared(mask_strides, has_mask)          # a switch read per call: part of the key
     key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
-           dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
+           row_shared, dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
 
     def build():
         B, H, n_q, head_dim = q.shape
@@ -402,9 +404,9 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
         ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides[:3],
                 H, B * H, n_q, n_k, head_dim, group)
-        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
-                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
-                         **config.kwargs())
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+                         MASK_ROW_SHARED=row_shared, DROPOUT=dropout, BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim),
+                         INPUT_PRECISION=input_precision, **config.kwargs())
         return grid, ints, constants, (B, H, n_q), out_shape, out_strides
 
     plan = _plan(key, build)
@@ -430,9 +432,10 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     lse, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    row_shared = mask_row_shared(mask_strides, has_mask)
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
-           dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, dropout, is_causal,
-           input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
+           dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, row_shared, dropout,
+           is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
 
     def build():
         B, H, n_q, head_dim = q.shape
@@ -442,9 +445,9 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
         ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
             s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
                                                                                 H // H_kv)
-        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool, DROPOUT=dropout,
-                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), INPUT_PRECISION=input_precision,
-                         **config.kwargs())
+        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
+                         MASK_ROW_SHARED=row_shared, DROPOUT=dropout, BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim),
+                         INPUT_PRECISION=input_precision, **config.kwargs())
         return grid, ints, constants
 
     plan = _plan(key, build)

@@ -50,6 +50,8 @@ dK/dV pass's.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -222,6 +224,16 @@ def dot(a, b, INPUT_PRECISION: tl.constexpr):
         if b.dtype == tl.float32:
             b = _round_to_tf32(b)
     return tl.dot(a, b, input_precision=INPUT_PRECISION)
+
+
+def mask_row_shared(mask_strides, has_mask: bool) -> bool:
+    """Whether the kernels (general and small) load the mask as one row that every query shares
+    (`_mask_tile_ptrs`): a mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)),
+    instead of BLOCK_M copies of that row. On an H100 at 4 × 16 × 4096 × 64 it took a float
+    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward in the general
+    kernels (results/README, "What an attn_mask costs"). ``FLASHLAB_MASK_ROW_SHARED=0`` (read per
+    call, and only for such a mask) takes the copies' load, for comparison."""
+    return has_mask and mask_strides[2] == 0 and os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1") != "0"
 
 
 @triton.jit

@@ -4,7 +4,9 @@ bool and as float (B, 1, 1, Nk), the same float mask expanded over the queries (
 transformers' encoders pass it) and materialised (B, 1, Nq, Nk), and SDPA's default with none and the float one.
 Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json; the key-padding masks
 (stride 0 over the queries) take the shared-row load, or with FLASHLAB_MASK_ROW_SHARED=0 the copies' load. The
-record names the flashlab it imported and the switch ("1" unless it is set: the default since 2026-12-06)."""
+record names the flashlab it imported and the switch ("1" unless it is set: the default since 2026-12-06).
+`... OUT.json small`: the small path's shapes instead (a BERT-sized batch at 128 tokens, a routing-sized one at 50
+nodes), timed as CUDA-graph replays (eager calls of that size are launch-bound: their time is the host's)."""
 import json
 import os
 import sys
@@ -13,15 +15,17 @@ import torch
 import torch.nn.functional as F
 
 import flashlab
-from flashlab.timing import time_ms
+from flashlab.timing import time_graph_ms, time_ms
 from measurements.inputs import attention_inputs
 
 SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]
+SMALL_SHAPES = [(32, 12, 128, 64), (512, 8, 50, 16)]       # one key tile: flashlab's small path
 
 
-def main(path=None):
+def main(path=None, which="large"):
     rows = []
-    for B, H, N, D in SHAPES:
+    small = which == "small"
+    for B, H, N, D in SMALL_SHAPES if small else SHAPES:
         q, k, v, grad = attention_inputs(B, H, N, D)
         keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
         keep[: B // 2, ..., N - N // 8:] = False
@@ -39,19 +43,23 @@ def main(path=None):
             if general:
                 os.environ["FLASHLAB_HOPPER"] = "0"
             try:
+                if small:
+                    return time_graph_ms(fwd), time_graph_ms(step)
                 return time_ms(fwd), time_ms(step)
             finally:
                 os.environ.pop("FLASHLAB_HOPPER", None)
 
         for name, mask in masks.items():
-            for impl, fn, general in (("flashlab", flashlab.attention, False), ("flashlab general", flashlab.attention,
-                                                                                True),
-                                      ("sdpa", F.scaled_dot_product_attention, False)):
+            impls = [("flashlab", flashlab.attention, False), ("sdpa", F.scaled_dot_product_attention, False)]
+            if not small:
+                impls.insert(1, ("flashlab general", flashlab.attention, True))
+            for impl, fn, general in impls:
                 if impl == "flashlab general" and mask is not None or impl == "sdpa" and "float (" not in name \
                         and mask is not None:
                     continue
                 fwd_ms, step_ms = timed(fn, mask, general)
-                row = dict(B=B, H=H, N=N, D=D, mask=name, impl=impl, fwd_ms=fwd_ms, step_ms=step_ms)
+                row = dict(B=B, H=H, N=N, D=D, mask=name, impl=impl, fwd_ms=fwd_ms, step_ms=step_ms,
+                           timing="CUDA-graph replay" if small else "eager")
                 print(json.dumps({k: round(x, 4) if isinstance(x, float) else x for k, x in row.items()}), flush=True)
                 rows.append(row)
     if path:
@@ -61,4 +69,4 @@ def main(path=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])

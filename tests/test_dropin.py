@@ -653,15 +653,19 @@ def test_rows_shifted_far_get_the_gradients_of_their_own_forward(n):
 @pytest.mark.parametrize("n_q, n_k, mask_dtype, options", [
     (130, 130, torch.bool, {}), (130, 200, torch.float32, {}), (200, 200, torch.bool, dict(is_causal=True)),
     (200, 200, torch.float32, dict(window=(40, 3))), (130, 130, torch.float32, dict(dropout_p=0.3)),
-    (17, 200, torch.bool, dict(enable_gqa=True))])
+    (17, 200, torch.bool, dict(enable_gqa=True)),
+    # the small path's one-tile kernels (≤ 128 keys), forward and its one backward kernel
+    (9, 9, torch.float32, {}), (17, 100, torch.bool, dict(is_causal=True)),
+    (60, 128, torch.float32, dict(dropout_p=0.3)), (33, 77, torch.float32, dict(enable_gqa=True))])
 def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(monkeypatch, n_q, n_k, mask_dtype,
                                                                                  options):
     """A mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is, by default,
     loaded as one 1 × BLOCK_N row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs),
     instead of BLOCK_M copies of it. Lengths past the small path's 128 keys (the general kernels), bool and
-    float, causal, a window, dropout (the same seed), GQA: output and gradients against the same mask
-    materialised (B, 1, Nq, Nk), which takes the copies' load, and against float64 SDPA."""
-    from flashlab import flash_launch
+    float, causal, a window, dropout (the same seed), GQA, and the small path's kernels (≤ 128 keys):
+    output and gradients against the same mask materialised (B, 1, Nq, Nk), which takes the copies' load,
+    and against float64 SDPA."""
+    from flashlab import flash_small, flash_triton
     torch.manual_seed(n_q + n_k)
     heads_kv = 1 if options.get("enable_gqa") else 2
     q = torch.randn(2, 2, n_q, 16, device=DEVICE)
@@ -676,10 +680,12 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     if CUDA and options.get("is_causal"):
         options = dict(window=(-1, 0))            # CUDA refuses is_causal beside a mask, as SDPA does: the same band
     monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "0")                      # the switch back to the copies' load
-    assert not flash_launch._mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)
+    assert not flash_triton.mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)
     monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")
-    assert flash_launch._mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)     # the default: shared
-    assert not flash_launch._mask_row_shared(materialised.expand(2, 2, n_q, n_k).stride(), True)
+    assert flash_triton.mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)     # the default: shared
+    assert not flash_triton.mask_row_shared(materialised.expand(2, 2, n_q, n_k).stride(), True)
+    small = n_k <= 128                                                     # which kernels the case is meant for
+    assert flash_small.applies(n_q, n_k, 16, q.dtype, q.device.type) == small
 
     def run(m):
         torch.manual_seed(1)                                               # dropout's seed: the same draws
