@@ -226,14 +226,20 @@ def dot(a, b, INPUT_PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=INPUT_PRECISION)
 
 
-def mask_row_shared(mask_strides, has_mask: bool) -> bool:
-    """Whether the kernels (general and small) load the mask as one row that every query shares
-    (`_mask_tile_ptrs`): a mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)),
-    instead of BLOCK_M copies of that row. On an H100 at 4 × 16 × 4096 × 64 it took a float
-    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward in the general
-    kernels (results/README, "What an attn_mask costs"). ``FLASHLAB_MASK_ROW_SHARED=0`` (read per
-    call, and only for such a mask) takes the copies' load, for comparison."""
-    return has_mask and mask_strides[2] == 0 and os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1") != "0"
+def mask_row_shared(mask_strides, has_mask: bool, small: bool = False) -> bool:
+    """Whether a kernel loads the mask as one row that every query shares (`_mask_tile_ptrs`): a
+    mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)), instead of BLOCK_M copies of
+    that row. The general kernels do by default: on an H100 at 4 × 16 × 4096 × 64 it took a float
+    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (results/README,
+    "What an attn_mask costs"). The small path's kernels (``small``) only with
+    ``FLASHLAB_MASK_ROW_SHARED=all``, until a GPU times them: compiled for sm_90, their forward needs
+    fewer registers at ≤ 64 keys but spills more at 128 with a float mask, and their backward is mixed.
+    ``FLASHLAB_MASK_ROW_SHARED=0`` takes the copies' load everywhere. Read per call, and only for such
+    a mask."""
+    if not (has_mask and mask_strides[2] == 0):
+        return False
+    switch = os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1")
+    return switch == "all" if small else switch != "0"
 
 
 @triton.jit

@@ -396,13 +396,14 @@ elif [ "$phase" = row-shared ]; then
   done
 elif [ "$phase" = h200-or-small-row-shared ]; then
   # 2026-12-06 (sixth session): on an H200, h200-in-one-call; on an H100, the small path's kernels with the
-  # shared-row mask load (now theirs too): their tests and the mask tests, then mask_overhead_check's small shapes
-  # (CUDA-graph replay) with the switch off and on, same tree, four alternating runs (~4 min)
+  # shared-row mask load (FLASHLAB_MASK_ROW_SHARED=all; the default 1 leaves them on the copies' load): their tests
+  # and the mask tests with it, then mask_overhead_check's small shapes (CUDA-graph replay) with 1 and all, same
+  # tree, four alternating runs (~4 min). If all is faster, make it the small path's default too
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-in-one-call "$out"; fi
-  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
+  FLASHLAB_MASK_ROW_SHARED=all timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
     tests/test_dropin.py tests/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
     -rf --tb=short > "$out/small_row_shared_gpu_tests.log" 2>&1; tail -n 4 "$out/small_row_shared_gpu_tests.log"
-  for on in 0 1 1 0; do
+  for on in 1 all all 1; do
     i=$(( $(ls "$out" | grep -c "^small_mask_row_shared_${on}_.*json") + 1 ))
     FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 100 python -m measurements.mask_overhead_check \
       "$out/small_mask_row_shared_${on}_$i.json" small > "$out/small_mask_row_shared_${on}_$i.log" 2>&1

@@ -659,12 +659,12 @@ def test_rows_shifted_far_get_the_gradients_of_their_own_forward(n):
     (60, 128, torch.float32, dict(dropout_p=0.3)), (33, 77, torch.float32, dict(enable_gqa=True))])
 def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(monkeypatch, n_q, n_k, mask_dtype,
                                                                                  options):
-    """A mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is, by default,
-    loaded as one 1 × BLOCK_N row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs),
-    instead of BLOCK_M copies of it. Lengths past the small path's 128 keys (the general kernels), bool and
-    float, causal, a window, dropout (the same seed), GQA, and the small path's kernels (≤ 128 keys):
-    output and gradients against the same mask materialised (B, 1, Nq, Nk), which takes the copies' load,
-    and against float64 SDPA."""
+    """A mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is loaded as one 1 × BLOCK_N
+    row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs), instead of BLOCK_M copies
+    of it: by default in the general kernels, with FLASHLAB_MASK_ROW_SHARED=all in the small path's too.
+    Lengths past the small path's 128 keys (the general kernels) and within them (the small path's), bool
+    and float, causal, a window, dropout (the same seed), GQA: output and gradients against the same mask
+    materialised (B, 1, Nq, Nk), which takes the copies' load, and against float64 SDPA."""
     from flashlab import flash_small, flash_triton
     torch.manual_seed(n_q + n_k)
     heads_kv = 1 if options.get("enable_gqa") else 2
@@ -679,13 +679,16 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     materialised = mask.expand(2, 1, n_q, n_k).contiguous()
     if CUDA and options.get("is_causal"):
         options = dict(window=(-1, 0))            # CUDA refuses is_causal beside a mask, as SDPA does: the same band
-    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "0")                      # the switch back to the copies' load
-    assert not flash_triton.mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)
-    monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")
-    assert flash_triton.mask_row_shared(mask.expand(2, 2, n_q, n_k).stride(), True)     # the default: shared
-    assert not flash_triton.mask_row_shared(materialised.expand(2, 2, n_q, n_k).stride(), True)
     small = n_k <= 128                                                     # which kernels the case is meant for
     assert flash_small.applies(n_q, n_k, 16, q.dtype, q.device.type) == small
+    padding, full = mask.expand(2, 2, n_q, n_k).stride(), materialised.expand(2, 2, n_q, n_k).stride()
+    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "0")                      # the copies' load everywhere
+    assert not flash_triton.mask_row_shared(padding, True, small)
+    monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")                           # the default: the general kernels
+    assert flash_triton.mask_row_shared(padding, True, small) == (not small)
+    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "all")                    # and the small path's, until timed
+    assert flash_triton.mask_row_shared(padding, True, small)
+    assert not flash_triton.mask_row_shared(full, True, small)
 
     def run(m):
         torch.manual_seed(1)                                               # dropout's seed: the same draws
