@@ -389,7 +389,7 @@ elif [ "$phase" = row-shared ]; then
     > "$out/row_shared_gpu_tests.log" 2>&1; tail -n 6 "$out/row_shared_gpu_tests.log"
   for on in 0 1 1 0; do
     i=$(( $(ls "$out" | grep -c "^mask_overhead_row_shared_${on}_.*json") + 1 ))
-    FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 60 python -m measurements.mask_overhead_check \
+    FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 100 python -m measurements.mask_overhead_check \
       "$out/mask_overhead_row_shared_${on}_$i.json" > "$out/mask_overhead_row_shared_${on}_$i.log" 2>&1
     grep '"N": 4096' "$out/mask_overhead_row_shared_${on}_$i.log" | grep -o '"mask": "[^"]*", "impl": "flashlab", "fwd_ms": [0-9.]*, "step_ms": [0-9.]*' \
       | sed "s/^/switch $on: /"
