@@ -132,6 +132,15 @@
 # H200), then on an H200 tiles and at once defaults-from-tiles (then here as above), rl4co-and-suite.
 # Later that session: the row-shared mask load is back, behind FLASHLAB_MASK_ROW_SHARED=1 (results/README, "What an
 # attn_mask costs"): row-shared on any card (if it holds, make it the default), before the H200 phases.
+# 2026-12-06 (sixth session): mask-tests (d7d96b0), row-shared (the shared row became the general kernels' default)
+# and tiles-or-suite (the whole GPU suite with it: 337 passed) ran, each on an H100 where an H200 was asked for; then
+# eight starts were refused. Next, in order:
+#   bash measurements/next_gpu_session.sh h200-or-small-row-shared OUT   any card: on an H100 the small path's
+#       kernels with the shared row (FLASHLAB_MASK_ROW_SHARED=all) against their copies' load; an H200 runs
+#       h200-in-one-call instead
+#   bash measurements/next_gpu_session.sh h200-in-one-call OUT   on an H200: tiles' measurements and
+#       defaults-from-tiles in one call (then here: copy the records and roofline_peaks.json to results/h200/,
+#       rerun measurements.small_defaults on them, re-execute notebook 02); then rl4co-and-suite
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
