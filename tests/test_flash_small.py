@@ -378,7 +378,9 @@ def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
         q.grad = k.grad = v.grad = None
         out = attention(q, k, v, is_causal=True)
         out.backward(grad)
-        return out
+        # detached: an output that kept its grad_fn would keep the capture's autograd nodes alive, and the
+        # eager step below would reuse their AccumulateGrad nodes, recorded on the capture's stream (torch warns)
+        return out.detach()
 
     graph, static_out = capture_cuda_graph(step)
     static_grads = (q.grad, k.grad, v.grad)   # the graph's gradients (the eager step below replaces .grad)
