@@ -134,7 +134,7 @@
 # attn_mask costs"): row-shared on any card (if it holds, make it the default), before the H200 phases.
 # 2026-12-06 (sixth session): mask-tests (d7d96b0), row-shared (the shared row became the general kernels' default)
 # and tiles-or-suite (the whole GPU suite with it: 337 passed) ran, each on an H100 where an H200 was asked for; then
-# eight starts were refused. Next, in order:
+# H200 and H100 starts were refused until the budget was spent. Next, in order:
 #   bash measurements/next_gpu_session.sh h200-or-small-row-shared OUT   any card: on an H100 the small path's
 #       kernels with the shared row (FLASHLAB_MASK_ROW_SHARED=all) against their copies' load; an H200 runs
 #       h200-in-one-call instead
