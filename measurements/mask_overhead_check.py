@@ -1,11 +1,11 @@
-"""What an attention mask costs flashlab's general kernels (2026-12-06): bf16 forward and forward+backward with
+"""What an attention mask costs flashlab's kernels (2026-12-06): bf16 forward and forward+backward with
 no mask (the Hopper kernels, then the general ones with FLASHLAB_HOPPER=0 set per call), a key-padding mask as
 bool and as float (B, 1, 1, Nk), the same float mask expanded over the queries (B, 1, Nq, Nk, stride 0, as
 transformers' encoders pass it) and materialised (B, 1, Nq, Nk), and SDPA's default with none and the float one.
 Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json; the key-padding masks
 (stride 0 over the queries) take the shared-row load in the general kernels, with FLASHLAB_MASK_ROW_SHARED=all in
-the small path's too, with FLASHLAB_MASK_ROW_SHARED=0 the copies' load everywhere. The
-record names the flashlab it imported and the switch ("1" unless it is set: the default since 2026-12-06).
+the small path's too, with FLASHLAB_MASK_ROW_SHARED=0 the copies' load everywhere. The record names the flashlab
+it imported and the switch ("1" unless it is set: the default since 2026-12-06).
 `... OUT.json small`: the small path's shapes instead (a BERT-sized batch at 128 tokens, a routing-sized one at 50
 nodes), timed as CUDA-graph replays (eager calls of that size are launch-bound: their time is the host's)."""
 import json

@@ -571,6 +571,15 @@ def _sdpa_mask(mask, n_q, n_k, is_causal=False, window=None):
     return mask if keep is None else mask.masked_fill(~keep, float("-inf"))
 
 
+def _causal_as_a_window_on_cuda(options):
+    """flashlab's options for a call beside a mask: CUDA refuses is_causal there, as SDPA does, so on a GPU
+    the same band is passed as window=(-1, 0)."""
+    options = dict(options)
+    if CUDA and options.pop("is_causal", False):
+        options["window"] = (-1, 0)
+    return options
+
+
 def _flashlab_grads(q, k, v, mask, grad):
     q, k, v, mask = (t.detach().requires_grad_() for t in (q, k, v, mask))
     out = attention(q, k, v, attn_mask=mask)
@@ -622,10 +631,8 @@ def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q
     window = options.pop("window", None)
     tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 5e-3
     q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-    flash_options = dict(options)                 # (options keeps is_causal here, for the reference below)
-    if CUDA and flash_options.pop("is_causal", False):
-        window = (-1, 0)                          # CUDA refuses is_causal beside a mask, as SDPA does: the same band
-    out = attention(q_, k_, v_, attn_mask=mask, window=window, **flash_options)
+    flash_options = _causal_as_a_window_on_cuda(dict(options, window=window))     # options keeps is_causal
+    out = attention(q_, k_, v_, attn_mask=mask, **flash_options)
     got = (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
     mask = _sdpa_mask(mask, n_q, n_k, options.pop("is_causal", False), window)
     wants = _math_sdpa_grads(q, k, v, mask, grad, torch.float64, **options)
@@ -677,8 +684,6 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape, device=DEVICE).masked_fill(
         ~keep, torch.finfo(torch.float32).min)
     materialised = mask.expand(2, 1, n_q, n_k).contiguous()
-    if CUDA and options.get("is_causal"):
-        options = dict(window=(-1, 0))            # CUDA refuses is_causal beside a mask, as SDPA does: the same band
     small = n_k <= 128                                                     # which kernels the case is meant for
     assert flash_small.applies(n_q, n_k, 16, q.dtype, q.device.type) == small
     padding, full = mask.expand(2, 2, n_q, n_k).stride(), materialised.expand(2, 2, n_q, n_k).stride()
@@ -693,7 +698,7 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     def run(m):
         torch.manual_seed(1)                                               # dropout's seed: the same draws
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        out = attention(q_, k_, v_, attn_mask=m, **options)
+        out = attention(q_, k_, v_, attn_mask=m, **_causal_as_a_window_on_cuda(options))
         return (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
     shared, copies = run(mask), run(materialised)
     for got, want, name in zip(shared, copies, ("out", "dq", "dk", "dv")):
