@@ -7,7 +7,10 @@ Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check
 the small path's too, with FLASHLAB_MASK_ROW_SHARED=0 the copies' load everywhere. The record names the flashlab
 it imported and the switch ("1" unless it is set: the default since 2026-12-06).
 `... OUT.json small`: the small path's shapes instead (a BERT-sized batch at 128 tokens, a routing-sized one at 50
-nodes), timed as CUDA-graph replays (eager calls of that size are launch-bound: their time is the host's)."""
+nodes), timed as CUDA-graph replays (eager calls of that size are launch-bound: their time is the host's).
+`... OUT.json small-grid`: flashlab alone with the bool and the float key-padding mask at N = 20, 50, 64, 100, 128
+and D = 16, 64 (256 × 8 heads), also replayed: where in the small path the shared row pays (its key tile is the
+next power of two of N: 32, 64, 64, 128, 128)."""
 import json
 import os
 import sys
@@ -21,12 +24,13 @@ from measurements.inputs import attention_inputs
 
 SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]
 SMALL_SHAPES = [(32, 12, 128, 64), (512, 8, 50, 16)]       # one key tile: flashlab's small path
+SMALL_GRID = [(256, 8, n, d) for d in (16, 64) for n in (20, 50, 64, 100, 128)]
 
 
 def main(path=None, which="large"):
     rows = []
-    small = which == "small"
-    for B, H, N, D in SMALL_SHAPES if small else SHAPES:
+    small, grid = which in ("small", "small-grid"), which == "small-grid"
+    for B, H, N, D in SMALL_GRID if grid else SMALL_SHAPES if small else SHAPES:
         q, k, v, grad = attention_inputs(B, H, N, D)
         keep = torch.ones(B, 1, 1, N, dtype=torch.bool, device="cuda")
         keep[: B // 2, ..., N - N // 8:] = False
@@ -50,10 +54,14 @@ def main(path=None, which="large"):
             finally:
                 os.environ.pop("FLASHLAB_HOPPER", None)
 
+        if grid:
+            masks = {name: masks[name] for name in ("bool (B,1,1,N)", "float (B,1,1,N)")}
         for name, mask in masks.items():
             impls = [("flashlab", flashlab.attention, False), ("sdpa", F.scaled_dot_product_attention, False)]
             if not small:
                 impls.insert(1, ("flashlab general", flashlab.attention, True))
+            if grid:
+                impls = impls[:1]
             for impl, fn, general in impls:
                 if impl == "flashlab general" and mask is not None or impl == "sdpa" and "float (" not in name \
                         and mask is not None:

@@ -573,10 +573,13 @@ def _sdpa_mask(mask, n_q, n_k, is_causal=False, window=None):
 
 def _causal_as_a_window_on_cuda(options):
     """flashlab's options for a call beside a mask: CUDA refuses is_causal there, as SDPA does, so on a GPU
-    the same band is passed as window=(-1, 0)."""
+    the causal band is passed as a window's right edge 0 (beside any left edge the options have). A window is
+    aligned at the end of the keys, is_causal at the start: the same band for Nq = Nk only, so a reference
+    must be built from the options returned, not the ones passed."""
     options = dict(options)
     if CUDA and options.pop("is_causal", False):
-        options["window"] = (-1, 0)
+        left, right = options.get("window") or (-1, -1)
+        options["window"] = (left, 0 if right == -1 else min(right, 0))
     return options
 
 
@@ -631,8 +634,9 @@ def test_rows_masked_everywhere_beside_causal_gqa_windows_and_a_padded_batch(n_q
     window = options.pop("window", None)
     tol = (1e-5 if not CUDA else 3e-3) if dtype == torch.float32 else 5e-3
     q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-    flash_options = _causal_as_a_window_on_cuda(dict(options, window=window))     # options keeps is_causal
-    out = attention(q_, k_, v_, attn_mask=mask, **flash_options)
+    options = _causal_as_a_window_on_cuda(dict(options, window=window))
+    window = options.pop("window")
+    out = attention(q_, k_, v_, attn_mask=mask, window=window, **options)
     got = (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
     mask = _sdpa_mask(mask, n_q, n_k, options.pop("is_causal", False), window)
     wants = _math_sdpa_grads(q, k, v, mask, grad, torch.float64, **options)
@@ -695,10 +699,12 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     assert flash_triton.mask_row_shared(padding, True, small)
     assert not flash_triton.mask_row_shared(full, True, small)
 
+    options = _causal_as_a_window_on_cuda(options)       # the reference below follows what the calls were given
+
     def run(m):
         torch.manual_seed(1)                                               # dropout's seed: the same draws
         q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
-        out = attention(q_, k_, v_, attn_mask=m, **_causal_as_a_window_on_cuda(options))
+        out = attention(q_, k_, v_, attn_mask=m, **options)
         return (out, *torch.autograd.grad(out, (q_, k_, v_), grad))
     shared, copies = run(mask), run(materialised)
     for got, want, name in zip(shared, copies, ("out", "dq", "dk", "dv")):
