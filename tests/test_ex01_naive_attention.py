@@ -31,10 +31,19 @@ def test_value_width_may_differ(exercise):
 @pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (4, 4), (3, 7), (7, 3)])
 def test_causal_mask_is_top_left_aligned(exercise, n_queries, n_keys):
     mask = exercise.causal_mask(n_queries, n_keys)
-    assert mask.dtype == torch.bool and mask.shape == (n_queries, n_keys)
+    require(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (n_queries, n_keys),
+            f"causal_mask({n_queries}, {n_keys}): expected a bool tensor of shape ({n_queries}, {n_keys}), got "
+            + (f"{mask.dtype}, shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__))
     i = torch.arange(n_queries)[:, None]
     j = torch.arange(n_keys)[None, :]
-    assert torch.equal(mask, j <= i), "query i must see exactly keys 0..i"
+    want = j <= i
+    if not torch.equal(mask, want):
+        row = int((mask != want).any(1).nonzero()[0])
+        seen = mask[row].nonzero().flatten().tolist()
+        raise AssertionError(
+            f"causal_mask({n_queries}, {n_keys}): query {row} must see exactly keys 0..{min(row, n_keys - 1)} "
+            f"(True where key j ≤ query i, top-left aligned), but it sees keys {seen}.\n"
+            f"got (1 = True):\n{mask.int()}\nexpected:\n{want.int()}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -26,7 +26,41 @@ def _rescale_hint(exercise) -> str:
         if abs(got - wrong) < 1e-9:
             return (f"\nhint: update(m=0, l=1, block=[1]) gives l = {got:.4f}: the old sum was {what}. "
                     f"Rescale it by exp(m − m'), old max minus new max, ≤ 1: l = 1·e⁻¹ + e⁰ = {1 / e + 1:.4f}")
+    try:      # a block below the running max: m' = m = 1, l' = 1 + e^(0 − 1)
+        got = exercise.update(one, one, one[:, None] * 0)[1].item()
+    except Exception:
+        return ""
+    if abs(got - 2.0) < 1e-9:
+        return (f"\nhint: update(m=1, l=1, block=[0]) gives l = {got:.4f}: the block was summed against its own "
+                f"max, exp(0 − 0) = 1. Sum exp(block − m') against the new running max m' = max(m, max(block)) = 1: "
+                f"l = 1·e⁰ + e⁻¹ = {1 + 1 / e:.4f}")
     return ""
+
+
+def _merge_hint(exercise) -> str:
+    """What `merge` does to each side's sum, from two one-column states m = 0 and m = 1 (l = 1 each), merged
+    in both orders: l = 1 + e⁻¹ either way; the usual mistakes give 2 (a side not rescaled) or 1 + e."""
+    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    try:
+        got = {order: exercise.merge(*states)[1].item() for order, states in
+               (("merge(m_a=0, l_a=1, m_b=1, l_b=1)", (zero, one, one, one)),
+                ("merge(m_a=1, l_a=1, m_b=0, l_b=1)", (one, one, zero, one)))}
+    except Exception:
+        return ""
+    want, e = 1 + 1 / torch.e, torch.e
+    wrong = {order: l for order, l in got.items() if abs(l - want) > 1e-9}
+    if not wrong:
+        return ""
+    said = "; ".join(f"{order} gives l = {l:.4f}" for order, l in got.items())
+    if all(abs(l - (1 + e)) < 1e-9 for l in wrong.values()):
+        why = "the factor inverted: exp(m − m_b) instead of exp(m_b − m)"
+    elif all(abs(l - 2.0) < 1e-9 for l in wrong.values()):
+        why = "l_a or l_b added as it is, not rescaled" + (" (one order only: one side is rescaled, the other not)"
+                                                              if len(wrong) == 1 else "")
+    else:
+        return ""
+    return (f"\nhint: {said}, where both should give 1·e⁰ + 1·e⁻¹ = {want:.4f}: {why}. Rescale each side by "
+            "exp(its own max − m), m = max(m_a, m_b): l = l_a·exp(m_a − m) + l_b·exp(m_b − m)")
 
 
 @pytest.mark.parametrize("cols,block", [(1, 1), (17, 4), (1000, 64), (100, 1000)])
@@ -57,12 +91,15 @@ def test_merge_of_any_split_is_the_whole(exercise):
     left_first = exercise.merge(*exercise.merge(*parts[0], *parts[1]), *parts[2])
     right_first = exercise.merge(*parts[0], *exercise.merge(*parts[1], *parts[2]))
     whole = _state(x)
-    for got in (left_first, right_first):     # associativity: both groupings give the whole
-        assert_close(got[0], whole[0], what="m")
-        assert_close(got[1], whole[1], what="l")
-    swapped = exercise.merge(*parts[1], *parts[0])   # commutativity
-    direct = exercise.merge(*parts[0], *parts[1])
-    assert_close(swapped[1], direct[1], what="l")
+    try:
+        for got in (left_first, right_first):     # associativity: both groupings give the whole
+            assert_close(got[0], whole[0], what="m")
+            assert_close(got[1], whole[1], what="l")
+        swapped = exercise.merge(*parts[1], *parts[0])   # commutativity
+        direct = exercise.merge(*parts[0], *parts[1])
+        assert_close(swapped[1], direct[1], what="l")
+    except AssertionError as err:
+        raise AssertionError(f"{err}{_merge_hint(exercise)}") from None
 
 
 def _nan_rows(*tensors):
