@@ -171,8 +171,10 @@ def draw_decoding_step(coords, tour, probabilities, step: int):
     xy, tour, p = np.asarray(coords), np.asarray(tour), np.asarray(probabilities[step])
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     done = tour[:step]
-    if len(done):
+    if len(done) > 1:                     # (one city is no line yet: the markers below show it)
         ax.plot(xy[done, 0], xy[done, 1], "-", color="tab:blue", lw=1.5, label="tour so far")
+    if len(done):
+        ax.plot(*xy[done[0]], "^", ms=10, mfc="none", mec="tab:orange", label="first city")
         ax.plot(*xy[done[-1]], "s", ms=9, mfc="none", mec="tab:blue", label="current city")
     points = ax.scatter(xy[:, 0], xy[:, 1], c=p, cmap="viridis", vmin=0, vmax=max(p.max(), 1e-9), s=40,
                         edgecolors="k", linewidths=0.5)

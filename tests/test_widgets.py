@@ -76,6 +76,15 @@ def test_decoder_trace_and_step_figure():
         assert (probabilities[:, step].gather(1, tours[:, :step]) == 0).all()
     fig = draw_decoding_step(coords[0], tours[0], probabilities[0], step=3)
     assert fig.axes[0].get_title() == "step 4 of 7"
+    for step in (0, 1, 2, 6):        # every legend entry points at something drawn: no one-point "tour so far"
+        fig = draw_decoding_step(coords[0], tours[0], probabilities[0], step=step)
+        lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        want = (["chosen next"] + (["first city", "current city"] if step else [])
+                + (["tour so far"] if step > 1 else []))
+        assert sorted(labels) == sorted(want), (step, labels)
+        if step > 1:
+            assert len(lines["tour so far"].get_xdata()) == step
 
 
 def test_decoder_slider_counts_steps_as_the_figure_title_does():
