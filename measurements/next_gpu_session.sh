@@ -419,6 +419,18 @@ elif [ "$phase" = h200-or-small-row-shared ]; then
     grep '"impl": "flashlab"' "$out/small_mask_row_shared_${on}_$i.log" | grep -o '"N": [0-9]*\|"mask": "[^"]*"\|"fwd_ms": [0-9.]*\|"step_ms": [0-9.]*' \
       | paste -sd' ' | sed "s/^/switch $on: /"
   done
+elif [ "$phase" = h200-targets-or-grid ]; then
+  # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
+  # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16
+  # and 64; the encoder step eager, compiled and captured; the packed form against three views), then the D = 16 and
+  # D = 32 launch choices for what time is left; on an H100 small-row-shared-grid
+  if ! grep -q H200 "$out/gpu.txt"; then exec bash "$0" small-row-shared-grid "$out"; fi
+  roofline_peaks
+  timeout 300 python -m measurements.small_graphs "$out" --sections table tsp_encoder encoder_tiles \
+    --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 20 "$out/small_graphs.log"
+  mkdir -p "$out/choices"
+  timeout 200 python -m measurements.small_graphs "$out/choices" --sections choices --choice-d 16 32 \
+    --choice-n 100 50 20 --budget-s 170 > "$out/choices/small_graphs.log" 2>&1; tail -n 8 "$out/choices/small_graphs.log"
 elif [ "$phase" = h200-or-grid ]; then
   # 2026-12-06 (seventh session): whichever card comes: an H200 runs h200-in-one-call, an H100 small-row-shared-grid
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-in-one-call "$out"; fi
