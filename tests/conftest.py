@@ -22,3 +22,15 @@ def seed():
     torch.manual_seed(value)
     print(f"seed={value}")
     return value
+
+
+@pytest.fixture(autouse=True)
+def float32_matmul_precision():
+    """Each test starts from, and leaves, the process's float32 matmul precision as it found it. A library
+    that sets it leaks into every later test: RL4COTrainer sets "medium" by default, and on a CPU with
+    bf16 matrix units (an Intel Xeon with AMX) fp32 matmuls then run in bf16 (relative errors near 3e-3
+    where the tests expect float32's 1e-5), while on CPUs without them nothing changes."""
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
+

@@ -81,7 +81,9 @@ def test_rl4co_training_steps_in_bf16_mixed():
     before = [p.detach().clone() for p in policy.parameters()]
     model = AttentionModel(env, policy=policy, baseline="exponential", batch_size=BATCH, val_batch_size=BATCH,
                            train_data_size=2 * BATCH, val_data_size=BATCH, test_data_size=BATCH)
+    # matmul_precision=None: RL4COTrainer's default "medium" would set the process's float32 matmul precision
     trainer = RL4COTrainer(max_epochs=1, accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
+                           matmul_precision=None,
                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                            num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(model)
