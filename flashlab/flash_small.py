@@ -392,7 +392,7 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     returns them. q, k, v have contiguous rows (head dimension stride 1); the mask is
     `flash_launch._mask_args`'s."""
     dropout = dropout_p > 0
-    row_shared = mask_row_shared(mask_strides, has_mask, small=True)     # a switch read per call: in the key
+    row_shared = mask_row_shared(mask_strides, has_mask, True, _pow2(k.shape[2]))   # read per call: in the key
     key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
            row_shared, dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
 
@@ -432,7 +432,7 @@ def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, ma
     lse, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    row_shared = mask_row_shared(mask_strides, has_mask, small=True)
+    row_shared = mask_row_shared(mask_strides, has_mask, True, _pow2(k.shape[2]))
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
            dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, row_shared, dropout,
            is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("backward"))

@@ -226,20 +226,23 @@ def dot(a, b, INPUT_PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=INPUT_PRECISION)
 
 
-def mask_row_shared(mask_strides, has_mask: bool, small: bool = False) -> bool:
+def mask_row_shared(mask_strides, has_mask: bool, small: bool = False, key_tile: int = 0) -> bool:
     """Whether a kernel loads the mask as one row that every query shares (`_mask_tile_ptrs`): a
     mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)), instead of BLOCK_M copies of
     that row. The general kernels do by default: on an H100 at 4 × 16 × 4096 × 64 it took a float
     key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (results/README,
-    "What an attn_mask costs"). The small path's kernels (``small``) only with
-    ``FLASHLAB_MASK_ROW_SHARED=all``, until a GPU times them: compiled for sm_90, their forward needs
-    fewer registers at ≤ 64 keys but spills more at 128 with a float mask, and their backward is mixed.
-    ``FLASHLAB_MASK_ROW_SHARED=0`` takes the copies' load everywhere. Read per call, and only for such
-    a mask."""
+    "What an attn_mask costs"). The small path's kernels (``small``, one tile of ``key_tile`` keys) do
+    by default when that tile holds at most 64 keys: on an H100 at 256 × 8 heads, D = 16 and 64, it was
+    as fast or faster at N = 20, 50, 64 (at 50 keys, D = 16, 3.6× faster forward), while at the 128-key
+    tile it was 2.4-3.3× slower forward at N = 128 and 1.05-1.11× faster at N = 100 (results/README,
+    "The small path's A/B"). ``FLASHLAB_MASK_ROW_SHARED=all`` takes it at every tile, ``=0`` nowhere (the
+    copies' load). Read per call, and only for such a mask."""
     if not (has_mask and mask_strides[2] == 0):
         return False
     switch = os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1")
-    return switch == "all" if small else switch != "0"
+    if switch == "0":
+        return False
+    return not small or switch == "all" or key_tile <= 64
 
 
 @triton.jit

@@ -3,9 +3,9 @@ no mask (the Hopper kernels, then the general ones with FLASHLAB_HOPPER=0 set pe
 bool and as float (B, 1, 1, Nk), the same float mask expanded over the queries (B, 1, Nq, Nk, stride 0, as
 transformers' encoders pass it) and materialised (B, 1, Nq, Nk), and SDPA's default with none and the float one.
 Run: PYTHONPATH=. FLASHLAB_AUTOTUNE=0 python -m measurements.mask_overhead_check OUT.json; the key-padding masks
-(stride 0 over the queries) take the shared-row load in the general kernels, with FLASHLAB_MASK_ROW_SHARED=all in
-the small path's too, with FLASHLAB_MASK_ROW_SHARED=0 the copies' load everywhere. The record names the flashlab
-it imported and the switch ("1" unless it is set: the default since 2026-12-06).
+(stride 0 over the queries) take the shared-row load in the general kernels and in the small path's up to 64-key
+tiles, with FLASHLAB_MASK_ROW_SHARED=all in every kernel, with FLASHLAB_MASK_ROW_SHARED=0 the copies' load
+everywhere. The record names the flashlab it imported and the switch ("1" unless it is set: the default).
 `... OUT.json small`: the small path's shapes instead (a BERT-sized batch at 128 tokens, a routing-sized one at 50
 nodes), timed as CUDA-graph replays (eager calls of that size are launch-bound: their time is the host's).
 `... OUT.json small-grid`: flashlab alone with the bool and the float key-padding mask at N = 20, 50, 64, 100, 128

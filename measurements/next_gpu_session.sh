@@ -419,6 +419,26 @@ elif [ "$phase" = h200-or-small-row-shared ]; then
     grep '"impl": "flashlab"' "$out/small_mask_row_shared_${on}_$i.log" | grep -o '"N": [0-9]*\|"mask": "[^"]*"\|"fwd_ms": [0-9.]*\|"step_ms": [0-9.]*' \
       | paste -sd' ' | sed "s/^/switch $on: /"
   done
+elif [ "$phase" = h200-targets-or-default-check ]; then
+  # 2026-12-06 (seventh session), after the small path's kernels took the shared row up to 64-key tiles by default:
+  # on an H200 h200-targets-or-grid's targets; on an H100 the small path's and the mask tests with that default, then
+  # the grid once with the default and once with 0 (the copies' load everywhere)
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets-or-grid "$out"; fi
+  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
+    tests/test_dropin.py tests/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
+    -rf --tb=short > "$out/default_gpu_tests.log" 2>&1; tail -n 4 "$out/default_gpu_tests.log"
+  for on in default 0; do
+    if [ $on = default ]; then unset FLASHLAB_MASK_ROW_SHARED; else export FLASHLAB_MASK_ROW_SHARED=0; fi
+    FLASHLAB_AUTOTUNE=0 timeout 110 python -m measurements.mask_overhead_check "$out/grid_$on.json" small-grid \
+      > "$out/grid_$on.log" 2>&1
+    python - "$out/grid_$on.json" "$on" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+print(f"{sys.argv[2]}: " + " ".join(f"N{r['N']}D{r['D']}{r['mask'][0]} {r['fwd_ms']:.4f}/{r['step_ms']:.4f}" for r in rows))
+PY
+  done
+  unset FLASHLAB_MASK_ROW_SHARED
+  (cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log)
 elif [ "$phase" = h200-targets-or-grid ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16

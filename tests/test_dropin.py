@@ -672,7 +672,8 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
                                                                                  options):
     """A mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is loaded as one 1 × BLOCK_N
     row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs), instead of BLOCK_M copies
-    of it: by default in the general kernels, with FLASHLAB_MASK_ROW_SHARED=all in the small path's too.
+    of it: by default in the general kernels and the small path's up to 64 keys, with FLASHLAB_MASK_ROW_SHARED=all
+    in the small path's at 128 too.
     Lengths past the small path's 128 keys (the general kernels) and within them (the small path's), bool
     and float, causal, a window, dropout (the same seed), GQA: output and gradients against the same mask
     materialised (B, 1, Nq, Nk), which takes the copies' load, and against float64 SDPA."""
@@ -691,13 +692,14 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
     small = n_k <= 128                                                     # which kernels the case is meant for
     assert flash_small.applies(n_q, n_k, 16, q.dtype, q.device.type) == small
     padding, full = mask.expand(2, 2, n_q, n_k).stride(), materialised.expand(2, 2, n_q, n_k).stride()
+    tile = flash_small._pow2(n_k)                                            # the small kernels' one key tile
     monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "0")                      # the copies' load everywhere
-    assert not flash_triton.mask_row_shared(padding, True, small)
-    monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")                           # the default: the general kernels
-    assert flash_triton.mask_row_shared(padding, True, small) == (not small)
-    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "all")                    # and the small path's, until timed
-    assert flash_triton.mask_row_shared(padding, True, small)
-    assert not flash_triton.mask_row_shared(full, True, small)
+    assert not flash_triton.mask_row_shared(padding, True, small, tile)
+    monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")       # the default: the general kernels, small tiles ≤ 64 keys
+    assert flash_triton.mask_row_shared(padding, True, small, tile) == (not small or tile <= 64)
+    monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "all")                    # every kernel
+    assert flash_triton.mask_row_shared(padding, True, small, tile)
+    assert not flash_triton.mask_row_shared(full, True, small, tile)
 
     options = _causal_as_a_window_on_cuda(options)       # the reference below follows what the calls were given
 
