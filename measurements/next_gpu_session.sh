@@ -141,6 +141,12 @@
 #   bash measurements/next_gpu_session.sh h200-in-one-call OUT   on an H200: tiles' measurements and
 #       defaults-from-tiles in one call (then here: copy the records and roofline_peaks.json to results/h200/,
 #       rerun measurements.small_defaults on them, re-execute notebook 02); then rl4co-and-suite
+# 2026-12-06 (seventh session): three H100 calls among eight refusals: h200-or-small-row-shared (the small kernels'
+# shared row 4.4x faster at 50 keys, 1.9x slower at 128; one test failure, the test's, fixed), small-row-shared-grid
+# (the key tile decides: the small kernels now share the row up to 64-key tiles by default) and
+# h200-targets-or-default-check (that default's tests, 100 passed). Next, on an H200 (an H100 has nothing left here):
+#   bash measurements/next_gpu_session.sh h200-targets-or-grid OUT   issue 19's targets with the shipped launches,
+#       then the D = 16/32 choices (~6 min); then h200-in-one-call for the defaults from tiles, and rl4co-and-suite
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
