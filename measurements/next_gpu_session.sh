@@ -145,7 +145,7 @@
 # shared row 4.4x faster at 50 keys, 1.9x slower at 128; one test failure, the test's, fixed), small-row-shared-grid
 # (the key tile decides: the small kernels now share the row up to 64-key tiles by default) and
 # h200-targets-or-default-check (that default's tests, 100 passed). Next, on an H200 (an H100 has nothing left here):
-#   bash measurements/next_gpu_session.sh h200-targets-or-grid OUT   issue 19's targets with the shipped launches,
+#   bash measurements/next_gpu_session.sh h200-targets OUT   issue 19's targets with the shipped launches,
 #       then the D = 16/32 choices (~6 min); then h200-in-one-call for the defaults from tiles, and rl4co-and-suite
 # Earlier sessions' phases follow.
 set -u
@@ -174,6 +174,14 @@ qkvpacked_gpu_tests() {   # flashlab.attention_qkvpacked's tests on the GPU (70 
 d16_choices_and_encoder() {   # the small kernels' launch choices at D = 16, then the encoder step (300 s)
   timeout 300 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
     --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+}
+mask_grid() {   # FILE LABEL: mask_overhead_check's small-path grid into FILE (.json, and .log beside it), one line
+  FLASHLAB_AUTOTUNE=0 timeout 110 python -m measurements.mask_overhead_check "$1" small-grid > "${1%.json}.log" 2>&1
+  python - "$1" "$2" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+print(f"{sys.argv[2]}: " + " ".join(f"N{r['N']}D{r['D']}{r['mask'][0]} {r['fwd_ms']:.4f}/{r['step_ms']:.4f}" for r in rows))
+PY
 }
 if [ "$phase" = rl4co-wheels ]; then
   mkdir -p .whl
@@ -427,40 +435,27 @@ elif [ "$phase" = h200-or-small-row-shared ]; then
   done
 elif [ "$phase" = h200-targets-or-default-check ]; then
   # 2026-12-06 (seventh session), after the small path's kernels took the shared row up to 64-key tiles by default:
-  # on an H200 h200-targets-or-grid's targets; on an H100 the small path's and the mask tests with that default, then
+  # on an H200 h200-targets; on an H100 the small path's and the mask tests with that default, then
   # the grid once with the default and once with 0 (the copies' load everywhere)
-  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets-or-grid "$out"; fi
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
   timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
     tests/test_dropin.py tests/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
     -rf --tb=short > "$out/default_gpu_tests.log" 2>&1; tail -n 4 "$out/default_gpu_tests.log"
-  for on in default 0; do
-    if [ $on = default ]; then unset FLASHLAB_MASK_ROW_SHARED; else export FLASHLAB_MASK_ROW_SHARED=0; fi
-    FLASHLAB_AUTOTUNE=0 timeout 110 python -m measurements.mask_overhead_check "$out/grid_$on.json" small-grid \
-      > "$out/grid_$on.log" 2>&1
-    python - "$out/grid_$on.json" "$on" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-print(f"{sys.argv[2]}: " + " ".join(f"N{r['N']}D{r['D']}{r['mask'][0]} {r['fwd_ms']:.4f}/{r['step_ms']:.4f}" for r in rows))
-PY
-  done
-  unset FLASHLAB_MASK_ROW_SHARED
+  mask_grid "$out/grid_default.json" default
+  FLASHLAB_MASK_ROW_SHARED=0 mask_grid "$out/grid_0.json" 0
   (cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log)
-elif [ "$phase" = h200-targets-or-grid ]; then
+elif [ "$phase" = h200-targets ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16
   # and 64; the encoder step eager, compiled and captured; the packed form against three views), then the D = 16 and
-  # D = 32 launch choices for what time is left; on an H100 small-row-shared-grid
-  if ! grep -q H200 "$out/gpu.txt"; then exec bash "$0" small-row-shared-grid "$out"; fi
+  # D = 32 launch choices for what time is left. On an H100 (its A/Bs of this session are recorded) nothing
+  if ! grep -q H200 "$out/gpu.txt"; then echo "not an H200: nothing run"; exit 0; fi
   roofline_peaks
   timeout 300 python -m measurements.small_graphs "$out" --sections table tsp_encoder encoder_tiles \
     --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 20 "$out/small_graphs.log"
   mkdir -p "$out/choices"
   timeout 200 python -m measurements.small_graphs "$out/choices" --sections choices --choice-d 16 32 \
     --choice-n 100 50 20 --budget-s 170 > "$out/choices/small_graphs.log" 2>&1; tail -n 8 "$out/choices/small_graphs.log"
-elif [ "$phase" = h200-or-grid ]; then
-  # 2026-12-06 (seventh session): whichever card comes: an H200 runs h200-in-one-call, an H100 small-row-shared-grid
-  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-in-one-call "$out"; fi
-  exec bash "$0" small-row-shared-grid "$out"
 elif [ "$phase" = small-row-shared-grid ]; then
   # 2026-12-06 (seventh session): h200-or-small-row-shared ran on an H100. The shared row made the small path's
   # masked calls 4x faster at 512 x 8 x 50 x 16 and 2x slower at 32 x 12 x 128 x 64; its one failure was the test's
@@ -473,14 +468,7 @@ elif [ "$phase" = small-row-shared-grid ]; then
   done
   for on in 1 all all 1; do
     i=$(( $(ls "$out" | grep -c "^grid_${on}_.*json") + 1 ))
-    FLASHLAB_MASK_ROW_SHARED=$on FLASHLAB_AUTOTUNE=0 timeout 110 python -m measurements.mask_overhead_check \
-      "$out/grid_${on}_$i.json" small-grid > "$out/grid_${on}_$i.log" 2>&1
-    python - "$out/grid_${on}_$i.json" "$on" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-print(f"switch {sys.argv[2]}: " + " ".join(f"N{r['N']}D{r['D']}{r['mask'][0]} {r['fwd_ms']:.4f}/{r['step_ms']:.4f}"
-                                          for r in rows))
-PY
+    FLASHLAB_MASK_ROW_SHARED=$on mask_grid "$out/grid_${on}_$i.json" "switch $on"
   done
   (cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log)   # at most 8 files come back
 elif [ "$phase" = h200-in-one-call ]; then

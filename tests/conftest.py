@@ -33,4 +33,3 @@ def float32_matmul_precision():
     before = torch.get_float32_matmul_precision()
     yield
     torch.set_float32_matmul_precision(before)
-

@@ -81,7 +81,8 @@ def test_rl4co_training_steps_in_bf16_mixed():
     before = [p.detach().clone() for p in policy.parameters()]
     model = AttentionModel(env, policy=policy, baseline="exponential", batch_size=BATCH, val_batch_size=BATCH,
                            train_data_size=2 * BATCH, val_data_size=BATCH, test_data_size=BATCH)
-    # matmul_precision=None: RL4COTrainer's default "medium" would set the process's float32 matmul precision
+    # matmul_precision=None: RL4COTrainer's default "medium" would run this step's float32 matmuls in bf16 on a CPU
+    # with bf16 units (conftest's float32_matmul_precision fixture restores the setting after every test)
     trainer = RL4COTrainer(max_epochs=1, accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
                            matmul_precision=None,
                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
