@@ -116,7 +116,21 @@ def pytest_report_header(config):
     return f"flashlab exercises from: {selected_impl(config)}/"
 
 
+def _share_the_cores_between_workers():
+    """Under pytest-xdist each worker (and each notebook kernel it starts, which inherits the environment) gets
+    its share of the cores: PyTorch's default of one thread per core in every worker oversubscribes them (on the
+    course's 2-core CI, make test took 446 s that way and 391 s with one thread each). OMP_NUM_THREADS, if set,
+    wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_configure(config):
+    _share_the_cores_between_workers()
     for arg in config.args:                     # "tests/test_ex03_online_softmax.py::test_merge…"
         path, sep, _ = str(arg).partition("::")
         name = _exercise_of_path(path)
@@ -131,11 +145,53 @@ def pytest_deselected(items):
             _deselected[name] += 1
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's default (--dist load) with one exception: a notebook's cells share one kernel, so they go
+    to one worker together, in order. Notebooks (the largest units) are handed out first, single tests after."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebookCellsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.partition("::")[0]
+            return path if path.endswith(".ipynb") else nodeid
+
+    return NotebookCellsTogether(config, log)
+
+
 def pytest_collection_finish(session):
     for item in session.items:
         name = exercise_of(item)
         if name:
             _collected[name].append(item.nodeid)
+
+
+# pytest-xdist (make test runs tests/ on two workers): the workers collect and run, the controller prints the
+# table. It learns what each worker collected from the hook below, what -k/-m left out from the workers'
+# output (pytest_testnodedown), and each outcome from the reports it receives (pytest_runtest_logreport).
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    for nodeid in ids:
+        name = _exercise_of_path(nodeid.partition("::")[0])
+        if name and nodeid not in _collected[name]:          # every worker collects the same tests
+            _collected[name].append(nodeid)
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)    # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["flashlab_deselected"] = dict(_deselected)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for name, count in getattr(node, "workeroutput", {}).get("flashlab_deselected", {}).items():
+        _deselected[name] = max(_deselected[name], count)   # each worker deselects the same tests
+
+
+NOT_STARTED = ("flashlab", "not started")                    # marks a report in user_properties (xdist sends them)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -149,13 +205,21 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "skipped"
         report.longrepr = (str(item.fspath), item.location[1] or 0,
                            f"not started: implement it in exercises/{name}.py")
-        _outcome[item.nodeid] = "not started"
+        report.user_properties.append(NOT_STARTED)
+
+
+def pytest_runtest_logreport(report):
+    """Runs where the table is printed: in the one process, or in xdist's controller for the workers' reports."""
+    if _exercise_of_path(report.nodeid.partition("::")[0]) is None:
+        return
+    if NOT_STARTED in report.user_properties:
+        _outcome[report.nodeid] = "not started"
     elif report.outcome == "failed":
-        _outcome[item.nodeid] = "failed"                      # setup, call or teardown
+        _outcome[report.nodeid] = "failed"                    # setup, call or teardown
     elif report.when == "call":
-        _outcome[item.nodeid] = report.outcome
+        _outcome.setdefault(report.nodeid, report.outcome)    # not over "not started"
     elif report.outcome == "skipped":                         # skipped in setup (e.g. needs a GPU)
-        _outcome.setdefault(item.nodeid, "skipped")
+        _outcome.setdefault(report.nodeid, "skipped")
 
 
 def exercise_state(test_ids: list[str], outcomes: dict[str, str]) -> str:
@@ -196,3 +260,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_line(line)
     if counts["not run"] or partial:
         tr.write_line(f"(this run did not include every exercise's tests: `{WHOLE_TABLE_COMMAND}` runs them all)")
+

@@ -444,6 +444,13 @@ elif [ "$phase" = h200-targets-or-default-check ]; then
   mask_grid "$out/grid_default.json" default
   FLASHLAB_MASK_ROW_SHARED=0 mask_grid "$out/grid_0.json" 0
   (cd "$out" && tar czf logs.tgz ./*.log && rm ./*.log)
+elif [ "$phase" = h200-targets-or-suite ]; then
+  # 2026-12-06 (eighth session): on an H200 h200-targets; on an H100 the GPU suite and the small path's tests at
+  # this session's head (last run whole on 2026-12-06's first H100; since: the shared-row default, its test fix, the
+  # graphed module's per-iteration del), ~6 min
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
+  gpu_suite 260
+  small_path_suite 120
 elif [ "$phase" = h200-targets ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16

@@ -30,3 +30,44 @@ def test_an_exercise_with_a_syntax_error_is_one_line_per_test(tmp_path):
     assert "importlib" not in done.stdout, done.stdout[-3000:]
     want = f"exercises/ex03_online_softmax.py, line {broken + 1}: SyntaxError: expected ':'"
     assert all(want in line for line in failures), failures[:3]
+
+
+def _progress_table(stdout: str) -> list[str]:
+    assert "exercise progress" in stdout, f"no progress table:\n{stdout[-3000:]}"
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "exercise progress" in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("exercises:"))
+    return lines[start + 1:end + 1]
+
+
+def test_the_progress_table_is_the_same_on_one_process_and_on_xdist_workers(tmp_path):
+    """The table at the end of a run says passed / failed / in progress / not started per exercise. make test
+    runs on pytest-xdist workers, where the tests run in other processes than the one printing the table: the
+    table must come out the same there (it once said "not run" for every exercise)."""
+    import pytest
+    pytest.importorskip("xdist")
+    for path in ("conftest.py", "tests/__init__.py", "tests/hints.py", "exercises/__init__.py",
+                 "tests/test_ex01_naive_attention.py", "tests/test_ex02_fused_softmax.py",
+                 "tests/test_ex03_online_softmax.py", "tests/padded_launch.py", "exercises/ex02_fused_softmax.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+    exercises = tmp_path / "exercises"
+    # ex01 wrong on purpose (a mask that hides nothing), ex02 the untouched stub, ex03 half done
+    (exercises / "ex01_naive_attention.py").write_text((ROOT / "solutions/ex01_naive_attention.py").read_text() + (
+        "\n\ndef causal_mask(n_queries, n_keys):\n    return torch.ones(n_queries, n_keys, dtype=torch.bool)\n"))
+    (exercises / "ex03_online_softmax.py").write_text((ROOT / "solutions/ex03_online_softmax.py").read_text() + (
+        "\n\ndef merge(*args, **kwargs):\n    raise NotImplementedError\n"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tables = {}
+    for workers in ([], ["-n", "2"]):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:cacheprovider",
+                               "-o", "addopts=", *workers, "tests"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+        tables[len(workers)] = _progress_table(done.stdout)
+    serial = tables[0]
+    assert [line.split() for line in serial] == [
+        ["ex01_naive_attention", "failed"], ["ex02_fused_softmax", "not", "started"],
+        ["ex03_online_softmax", "in", "progress"],
+        ["exercises:", "0", "passed,", "1", "failed,", "1", "not", "started,", "1", "in", "progress"]], serial
+    assert tables[2] == serial, (serial, tables[2])
