@@ -451,6 +451,11 @@ elif [ "$phase" = h200-targets-or-suite ]; then
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
   gpu_suite 260
   small_path_suite 120
+elif [ "$phase" = h200-targets-or-rl4co ]; then
+  # 2026-12-06 (eighth session, after h200-targets-or-suite ran its suite on an H100): on an H200 h200-targets; on
+  # an H100 RL4CO's step with the fp32 tour check and 7 rounds, never run on a GPU yet (carry .whl), ~7 min
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
+  rl4co_step 420
 elif [ "$phase" = h200-targets ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16

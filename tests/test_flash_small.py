@@ -397,6 +397,10 @@ def test_forward_and_backward_captured_in_a_cuda_graph(N, monkeypatch):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a CUDA GPU (this machine has none)")
+# torch warns of a stream mismatch at the parameters' AccumulateGrad nodes. Likely make_graphed_callables' own:
+# it keeps its captured outputs, and so nodes made on its capture stream, alive. Not this test's tensors: deleting
+# them every iteration left the warning in place (H100, 2026-12-06). Correctness is what the asserts check.
+@pytest.mark.filterwarnings("ignore:The AccumulateGrad node's stream does not match:UserWarning")
 def test_make_graphed_callables_on_a_module():
     """torch.cuda.make_graphed_callables over an attention module (forward and backward graphs)."""
     from flashlab.flash_attention import MultiHeadAttention
@@ -412,6 +416,3 @@ def test_make_graphed_callables_on_a_module():
         want.square().sum().backward()
         assert_close(out, want, tol=TOL[torch.float32] * 100, what="graphed output")
         assert_close(x_new.grad, x_eager.grad, tol=TOL[torch.float32] * 100, what="graphed dx")
-        # this iteration's graphs go now: kept alive into the next one, their parameters' AccumulateGrad nodes
-        # meet the graphed backward's gradients from another stream, and torch warns of the mismatch
-        del out, want
