@@ -459,6 +459,12 @@ elif [ "$phase" = h200-targets-or-rl4co ]; then
   # an H100 RL4CO's step with the fp32 tour check and 7 rounds, never run on a GPU yet (carry .whl), ~7 min
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
   rl4co_step 420
+elif [ "$phase" = h200-targets-or-all-tests ]; then
+  # 2026-12-06 (eighth session, the budget's last call): on an H200 h200-targets; on an H100 every test in tests/
+  # (not only gpu_suite's -k selection), 8 workers, for what the GPU machine's packages allow (~7 min)
+  if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
+  timeout -s INT -k 20 400 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests -rfE --tb=line \
+    > "$out/all_tests.log" 2>&1; tail -n 40 "$out/all_tests.log"
 elif [ "$phase" = h200-targets ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16
