@@ -305,6 +305,7 @@ def test_autotuned_attention_on_gpu(monkeypatch):
     assert chosen == {"forward", "dkdv", "dq"}
 
 
+@pytest.mark.filterwarnings("ignore:flashlab. tuning the attention kernels:RuntimeWarning")   # its fake GPU
 def test_autotuner_picks_the_fastest_and_rejects_wrong_configs(monkeypatch, tmp_path):
     """On fake timings: the fastest agreeing config wins and is remembered per key; a config
     whose outputs disagree with the default's, or that fails to compile, is never chosen."""

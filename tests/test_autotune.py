@@ -37,6 +37,12 @@ def test_shared_memory_estimate_matches_the_compiler(row):
     assert autotune.shared_memory_bytes(kernel, Config(m, n, 4, s), d, 2) == MEASURED_BF16[row]
 
 
+# the fake tuner's first-time notices (a GPU's name in a fake key, a cache that cannot be written) are what the code
+# under test says to a user; test_tuning_warns_once_and_says_how_to_pretune checks the first one, the rest is noise here
+pytestmark = [pytest.mark.filterwarnings("ignore:flashlab. tuning the attention kernels:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:flashlab autotune. cannot read the cache:RuntimeWarning")]
+
+
 def test_shared_memory_estimate_matches_every_recorded_kernel():
     """Every forward/dkdv/dq row the H200 run recorded (the file is data beside the code)."""
     path = ROOT / "results" / "h200" / "kernel_resources.json"

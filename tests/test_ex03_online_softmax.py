@@ -41,10 +41,10 @@ def _merge_hint(exercise) -> str:
     """What `merge` does to each side's sum, from two one-column states m = 0 and m = 1 (l = 1 each), merged
     in both orders: l = 1 + e⁻¹ either way; the usual mistakes give 2 (a side not rescaled) or 1 + e."""
     zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    a_smaller, b_smaller = "merge(m_a=0, l_a=1, m_b=1, l_b=1)", "merge(m_a=1, l_a=1, m_b=0, l_b=1)"
     try:
         got = {order: exercise.merge(*states)[1].item() for order, states in
-               (("merge(m_a=0, l_a=1, m_b=1, l_b=1)", (zero, one, one, one)),
-                ("merge(m_a=1, l_a=1, m_b=0, l_b=1)", (one, one, zero, one)))}
+               ((a_smaller, (zero, one, one, one)), (b_smaller, (one, one, zero, one)))}
     except Exception:
         return ""
     want, e = 1 + 1 / torch.e, torch.e
@@ -55,8 +55,12 @@ def _merge_hint(exercise) -> str:
     if all(abs(l - (1 + e)) < 1e-9 for l in wrong.values()):
         why = "the factor inverted: exp(m − m_b) instead of exp(m_b − m)"
     elif all(abs(l - 2.0) < 1e-9 for l in wrong.values()):
-        why = "l_a or l_b added as it is, not rescaled" + (" (one order only: one side is rescaled, the other not)"
-                                                              if len(wrong) == 1 else "")
+        # only the side with the smaller max needs a factor (e⁻¹ here): the order that goes wrong names it
+        if len(wrong) == 2:
+            why = "neither l_a nor l_b rescaled"
+        else:
+            side = "l_a" if a_smaller in wrong else "l_b"
+            why = f"{side} added as it is, not rescaled (it needs the factor when its max is the smaller one)"
     else:
         return ""
     return (f"\nhint: {said}, where both should give 1·e⁰ + 1·e⁻¹ = {want:.4f}: {why}. Rescale each side by "
@@ -130,9 +134,12 @@ def test_merge_with_an_empty_or_masked_part(exercise):
             f"{order}: NaN in rows {bad} (m = {got[0].tolist()}, l = {got[1].tolist()}); row 2 is −inf in "
             "both parts, so m = max(m_a, m_b) = −inf and exp(m_a − m) = exp(−inf − (−inf)) = NaN. Where m "
             "is −inf, subtract 0 instead of m (exp(−inf − 0) = 0): a row masked in both stays m = −inf, l = 0")
-        assert_close(got[0][:2], whole_m[:2], what=f"{order}: m of rows 0-1")
-        assert_close(got[1][:2], whole_l[:2], what=f"{order}: l of rows 0-1")
-        assert_close(got[1][0], l[0], what=f"{order}: l of row 0 (the masked part adds nothing)")
+        try:
+            assert_close(got[0][:2], whole_m[:2], what=f"{order}: m of rows 0-1")
+            assert_close(got[1][:2], whole_l[:2], what=f"{order}: l of rows 0-1")
+            assert_close(got[1][0], l[0], what=f"{order}: l of row 0 (the masked part adds nothing)")
+        except AssertionError as err:
+            raise AssertionError(f"{err}{_merge_hint(exercise)}") from None
         assert got[0][2] == -torch.inf and got[1][2] == 0, (
             f"{order}: a row masked in both parts should stay empty (m = −inf, l = 0); "
             f"got m = {got[0][2].item()}, l = {got[1][2].item()}")

@@ -68,6 +68,9 @@ def test_attention_model_policy_matches_float64_attention(monkeypatch):
         assert errors["flashlab"][i] <= max(TOL, 10 * errors["sdpa"][i]), (what, errors)
 
 
+# Lightning's own notices about RL4CO's module (its hyperparameters keep nn.Modules; a deprecated pytree check)
+@pytest.mark.filterwarnings("ignore:Attribute '(env|policy)' is an instance of:UserWarning")
+@pytest.mark.filterwarnings("ignore:.isinstance.treespec, LeafSpec.. is deprecated:FutureWarning")
 def test_rl4co_training_steps_in_bf16_mixed():
     """RL4CO's Lightning loop (AttentionModel, REINFORCE with an exponential baseline) on
     flashlab attention, precision "bf16-mixed" (autocast: flashlab takes bf16 inputs as SDPA
