@@ -8,6 +8,8 @@
   total. An exercise whose tests this run did not include says "not run", and one whose
   tests were only partly run (``-k``, ``::test_name``, ``-x`` stopping early) says so:
   ``make progress`` runs every exercise's tests and prints the whole table.
+- Under pytest-xdist (``make test`` runs ``-n auto``): a notebook's cells go to one worker, in order; the table
+  is built in the controller from the workers' reports; each worker takes its share of the cores.
 """
 
 from __future__ import annotations
