@@ -147,9 +147,10 @@
 # h200-targets-or-default-check (that default's tests, 100 passed). Next, on an H200 (an H100 has nothing left here):
 #   bash measurements/next_gpu_session.sh h200-targets OUT   issue 19's targets with the shipped launches,
 #       then the D = 16/32 choices (~6 min); then h200-in-one-call for the defaults from tiles, and rl4co-and-suite
-# 2026-12-06 (eighth session): one H100 call among refusals, h200-targets-or-suite (the GPU suite at 313023d: 341 and
-# 96 passed). Next: h200-targets-or-rl4co with carry=[".whl"] (on an H200 the targets; on an H100 RL4CO's step with the
-# fp32 tour check), then on an H200 h200-in-one-call.
+# 2026-12-06 (eighth session): two H100 calls among nine refusals: h200-targets-or-suite (the GPU suite at 313023d: 341
+# and 96 passed) and h200-targets-or-rl4co (RL4CO's step, fp32 tours 100% identical). Next:
+#   bash measurements/next_gpu_session.sh h200-targets-or-all-tests OUT   on an H200 the targets; on an H100 every test
+#       in tests/; then on an H200 h200-in-one-call, and rl4co-and-suite with carry=[".whl"] for the H200's RL4CO step
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
