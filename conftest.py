@@ -170,7 +170,7 @@ def pytest_collection_finish(session):
             _collected[name].append(item.nodeid)
 
 
-# pytest-xdist (make test runs tests/ on two workers): the workers collect and run, the controller prints the
+# pytest-xdist (make test runs on one worker per core): the workers collect and run, the controller prints the
 # table. It learns what each worker collected from the hook below, what -k/-m left out from the workers'
 # output (pytest_testnodedown), and each outcome from the reports it receives (pytest_runtest_logreport).
 @pytest.hookimpl(optionalhook=True)
@@ -262,4 +262,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_line(line)
     if counts["not run"] or partial:
         tr.write_line(f"(this run did not include every exercise's tests: `{WHOLE_TABLE_COMMAND}` runs them all)")
-
