@@ -10,21 +10,29 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 
 
+def _learner_checkout(tmp_path, *paths):
+    """The course's files a test run needs, copied into tmp_path (the exercises each test writes itself)."""
+    for path in ("conftest.py", "tests/__init__.py", "tests/hints.py", "exercises/__init__.py", *paths):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
+
+
+def _pytest(tmp_path, *args):
+    """pytest in the copy, flashlab imported from this checkout (PYTHONPATH), the exercises from the copy."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_an_exercise_with_a_syntax_error_is_one_line_per_test(tmp_path):
     """A learner's trial: a syntax error in ex03 printed importlib's traceback around the same caret
     once per test (seven times); now one line each, naming the file, the line and how to see it."""
-    for path in ("conftest.py", "tests/__init__.py", "tests/hints.py", "tests/test_ex03_online_softmax.py",
-                 "exercises/__init__.py"):
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / path, tmp_path / path)
+    _learner_checkout(tmp_path, "tests/test_ex03_online_softmax.py")
     source = (ROOT / "solutions/ex03_online_softmax.py").read_text().splitlines()
     broken = next(i for i, line in enumerate(source) if line.startswith("def "))
     source[broken] = source[broken].rstrip(":")              # `def f(...)` without its colon
     (tmp_path / "exercises/ex03_online_softmax.py").write_text("\n".join(source) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}             # flashlab from this checkout, the exercise from the copy
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests/test_ex03_online_softmax.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = _pytest(tmp_path, "tests/test_ex03_online_softmax.py")
     failures = [line for line in done.stdout.splitlines() if "SyntaxError" in line]
     assert done.returncode == 1 and failures, done.stdout[-3000:] + done.stderr[-2000:]
     assert "importlib" not in done.stdout, done.stdout[-3000:]
@@ -46,23 +54,17 @@ def test_the_progress_table_is_the_same_on_one_process_and_on_xdist_workers(tmp_
     table must come out the same there (it once said "not run" for every exercise)."""
     import pytest
     pytest.importorskip("xdist")
-    for path in ("conftest.py", "tests/__init__.py", "tests/hints.py", "exercises/__init__.py",
-                 "tests/test_ex01_naive_attention.py", "tests/test_ex02_fused_softmax.py",
-                 "tests/test_ex03_online_softmax.py", "tests/padded_launch.py", "exercises/ex02_fused_softmax.py"):
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / path, tmp_path / path)
+    _learner_checkout(tmp_path, "tests/test_ex01_naive_attention.py", "tests/test_ex02_fused_softmax.py",
+                      "tests/test_ex03_online_softmax.py", "tests/padded_launch.py", "exercises/ex02_fused_softmax.py")
     exercises = tmp_path / "exercises"
     # ex01 wrong on purpose (a mask that hides nothing), ex02 the untouched stub, ex03 half done
     (exercises / "ex01_naive_attention.py").write_text((ROOT / "solutions/ex01_naive_attention.py").read_text() + (
         "\n\ndef causal_mask(n_queries, n_keys):\n    return torch.ones(n_queries, n_keys, dtype=torch.bool)\n"))
     (exercises / "ex03_online_softmax.py").write_text((ROOT / "solutions/ex03_online_softmax.py").read_text() + (
         "\n\ndef merge(*args, **kwargs):\n    raise NotImplementedError\n"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     tables = {}
     for workers in ([], ["-n", "2"]):
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "--tb=no", "-p", "no:cacheprovider",
-                               "-o", "addopts=", *workers, "tests"], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=300)
+        done = _pytest(tmp_path, "--tb=no", *workers, "tests")
         assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
         tables[len(workers)] = _progress_table(done.stdout)
     serial = tables[0]
