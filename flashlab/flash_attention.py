@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -212,8 +213,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     are cast to autocast's dtype. Inside a ``torch.func`` transform (``vmap``, ``grad``,
     ``jvp``…) and under ``torch.jit.trace`` the call runs the einsum version
     (`flashlab.naive_attention`), whose plain PyTorch operations every transform understands
-    and a trace can record. First derivatives only: differentiating the
-    gradients again (``create_graph=True``, then a gradient penalty) raises
+    and a trace can record (from the traced sizes, so a traced graph serves other shapes). First
+    derivatives only: differentiating the gradients again (``create_graph=True``, then a gradient penalty) raises
     (`flashlab/first_order.py`), except inside ``torch.func`` transforms.
     """
     q, k, v = query, key, value
@@ -224,14 +225,20 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
     plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
-    scale, dropout_p, window = plan.scale, plan.dropout_p, plan.window
+    # under torch.jit.trace the default 1/sqrt(D) is left to the einsum version, which computes it from
+    # the traced size: a float here would be a constant of the graph, wrong for another head dimension
+    jit_tracing = plan.transformed and torch._C._is_tracing()
+    scale = scale if jit_tracing and scale is None else plan.scale
+    dropout_p, window = plan.dropout_p, plan.window
     if plan.cpu_tiles and plan.eager:       # a traced call is counted by the op it becomes, when it runs
         count_interpreted(plan.cpu_tiles)
     if plan.broadcast is not None or plan.kv_repeats is not None:      # as SDPA broadcasts or repeats them
         q, k, v = _as_sdpa_shapes(q, k, v, plan.broadcast, plan.kv_repeats)
     if not plan.kernels:
-        group = _heads(q) // max(_heads(k), 1)
-        if group > 1:
+        if jit_tracing and q.dim() >= 3:   # the repeat recorded from the traced sizes (1: no repeat), not a constant
+            group = q.size(-3) // k.size(-3)
+            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+        elif (group := _heads(q) // max(_heads(k), 1)) > 1:
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
         # traced (compile, export, torch.func): the einsum version, whose plain operations take symbolic
         # sizes (the tiled version's Python loop over tiles would fix the length into the graph)
@@ -389,6 +396,23 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         plan = _PLANS.get(key)
         if plan is not None:
             return plan
+    if transformed and torch._C._is_tracing():
+        # torch.jit.trace hands the checks each size as a traced number, and every comparison warns that
+        # the graph cannot record it (a TracerWarning each, about 20 a call). The checks validate this
+        # call and build no operation; the einsum version records its sizes, the scale and GQA's repeat
+        # from the traced shape, so the graph serves other lengths, head dimensions and batches. (SDPA's
+        # broadcasting of the leading dimensions, when used, is recorded for the traced shapes.)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+                             compiling, transformed, eager, key)
+    return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+                     compiling, transformed, eager, key)
+
+
+def _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+              compiling, transformed, eager, key) -> _Plan:
+    """`_call_plan`'s work when the signature is new: the checks, then the decisions."""
     # the checks and decisions below see q, k, v as the call will use them (GQA's heads are not broadcast,
     # so the repeats can be read before the expansion)
     broadcast, kv_repeats = _leading_broadcast(q, k, v, enable_gqa), _gqa_kv_repeats(q, k, v, enable_gqa)

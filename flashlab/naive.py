@@ -100,7 +100,11 @@ def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=No
                               dropout_keep=None, window=None):
     """`naive_attention` for callers that validated the inputs already (`flashlab.attention`).
     Here ``attn_mask`` and ``is_causal`` may come together: both apply."""
-    scale = default_scale(q.shape[-1], scale)
+    head_dim = q.shape[-1]
+    if scale is None and isinstance(head_dim, torch.Tensor):
+        scale = head_dim.to(q.dtype).rsqrt()     # torch.jit.trace: 1/sqrt(D) from the traced size, not a constant
+    else:
+        scale = default_scale(head_dim, scale)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
 
     # S = (Q·scale) Kᵀ. Scaling Q (N×D) instead of S (N×N) saves a whole N×N tensor.

@@ -1017,21 +1017,46 @@ def test_zero_dim_tensors_for_scale_and_dropout_as_sdpa():
         attention(q, k, v, dropout_p=torch.tensor(1.5))
 
 
-def test_jit_trace_records_the_einsum_version():
-    """torch.jit.trace (deprecated, still used for old deployment paths) records plain PyTorch
-    operations: it used to fail inside Triton's interpreter ("invalid operands of type
-    pointer<int64> and triton.language.int32"). The traced module gives the call's result."""
-    import warnings
-
-    class Attend(torch.nn.Module):
-        def forward(self, q):
-            return attention(q, q, q, is_causal=True)
+def _jit_trace(fn, example_inputs):
+    """torch.jit.trace with its own deprecation notice silenced, and any TracerWarning an error: the
+    call must record nothing from the example's sizes as a constant."""
+    class Traced(torch.nn.Module):
+        def forward(self, *tensors):
+            return fn(*tensors)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")            # jit's deprecation and tracer warnings
-        traced = torch.jit.trace(Attend(), (torch.randn(1, 2, 7, 16),))
-    q = torch.randn(1, 2, 7, 16)
-    assert_close(traced(q), attention(q, q, q, is_causal=True), tol=1e-5)
+        warnings.filterwarnings("ignore", message=".*torch.jit.trace.* is deprecated")
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        return torch.jit.trace(Traced(), example_inputs)
+
+
+def test_jit_trace_records_a_graph_for_every_shape():
+    """torch.jit.trace (deprecated, still used for old deployment paths) records the einsum version's plain
+    PyTorch operations: it used to fail inside Triton's interpreter ("invalid operands of type pointer<int64>
+    and triton.language.int32"), then recorded 1/sqrt(D) as a constant (a trace at D = 16 scaled D = 32's
+    scores by 1/4, not 1/sqrt(32): a relative error of 0.19) among ~20 TracerWarnings from the checks.
+    The graph traced at one shape now gives float64 attention's result at other lengths, head dimensions,
+    batches and GQA groups, and tracing warns of nothing."""
+    torch.manual_seed(0)
+    shapes = lambda b, h, hkv, nq, nk, d: (torch.randn(b, h, nq, d), torch.randn(b, hkv, nk, d),  # noqa: E731
+                                           torch.randn(b, hkv, nk, d))
+
+    causal = _jit_trace(lambda q, k, v: attention(q, k, v, is_causal=True), shapes(1, 2, 2, 7, 7, 16))
+    gqa = _jit_trace(lambda q, k, v: attention(q, k, v, enable_gqa=True), shapes(1, 4, 2, 7, 9, 16))
+    padded = _jit_trace(lambda q, k, v, keep: attention(q, k, v, attn_mask=keep),
+                        (*shapes(1, 2, 2, 7, 9, 16), torch.rand(1, 1, 1, 9) > 0.3))
+    for b, h, hkv, nq, nk, d in ((2, 3, 3, 19, 19, 32), (1, 2, 2, 1, 1, 8), (3, 1, 1, 17, 17, 24)):
+        q, k, v = shapes(b, h, hkv, nq, nk, d)
+        reference = flashlab.naive_attention(q.double(), k.double(), v.double(), is_causal=True)
+        assert_close(causal(q, k, v), reference, tol=1e-5)
+    for b, h, hkv, nq, nk, d in ((2, 6, 3, 5, 17, 32), (1, 8, 2, 17, 1000, 8), (1, 3, 3, 4, 4, 16)):
+        q, k, v = shapes(b, h, hkv, nq, nk, d)
+        kv = [t.double().repeat_interleave(h // hkv, dim=1) for t in (k, v)]
+        assert_close(gqa(q, k, v), flashlab.naive_attention(q.double(), *kv), tol=1e-5)
+    q, k, v = shapes(2, 3, 3, 17, 33, 32)
+    keep = torch.rand(2, 1, 1, 33) > 0.3
+    reference = flashlab.naive_attention(q.double(), k.double(), v.double(), attn_mask=keep)
+    assert_close(padded(q, k, v, keep), reference, tol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
