@@ -306,7 +306,7 @@ def small_backward_kernel(
     BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: cdiv(B·H_kv, HEADS) programs; each owns HEADS (batch, k/v head) pairs outright
-    h_kv = H // GROUP
+    h_kv = H // GROUP                                   # how many k/v heads (H q heads, GROUP per k/v head)
     offs_n = tl.arange(0, BLOCK_N)                      # every key: BLOCK_N ≥ Nk
     offs_d = tl.arange(0, BLOCK_D)
     offs_mb = tl.arange(0, BLOCK_M)
@@ -315,7 +315,7 @@ def small_backward_kernel(
         zkv = tl.program_id(0) * HEADS + i
         rows = tl.where(zkv < n_zkv, n_q, 0)            # past B·H_kv: nothing loaded or stored
         keys = tl.where(zkv < n_zkv, n_k, 0)
-        z, kv_h = zkv // h_kv, zkv % h_kv
+        z, kv_h = zkv // h_kv, zkv % h_kv               # this pair's batch entry and k/v head index
         kv_ok = (offs_n < keys)[:, None] & d_ok[None, :]
         # K and V stay on chip for the whole program; dK and dV collect every query of every q head
         k = tl.load(K + z * stride_kz + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],

@@ -529,8 +529,8 @@ def flash_backward_dkdv_kernel(
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
     zkv = tl.program_id(0) // num_n
-    h_kv = H // GROUP
-    z, kv_h = zkv // h_kv, zkv % h_kv
+    h_kv = H // GROUP                                             # how many k/v heads (H q heads, GROUP per k/v head)
+    z, kv_h = zkv // h_kv, zkv % h_kv                             # this program's batch entry and k/v head index
     first_h = kv_h * GROUP                                        # the first q head that uses this k/v head
     # this program's (batch, k/v head): K's and V's base pointers shifted once (dK's and dV's
     # where they are stored; Q's, dO's, the mask's, L's and D's where the query loop starts:

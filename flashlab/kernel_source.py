@@ -66,20 +66,88 @@ def _body_start(source: str) -> int:
     return body[0].lineno - 1
 
 
+# a block opened by a matched line (``if HAS_MASK:``) is shown whole up to this many lines, else its
+# header and first statement
+_WHOLE_BLOCK_LINES = 8
+
+
+def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str]) -> tuple[set[int], set[int]] | None:
+    """For a match on ``line``: (the 1-based lines of the statement it is part of, the headers of the
+    blocks that hold it). The statement is whole (a call written over several lines reads as one); on
+    the header of a block it is the header and the block (whole when short, else its first statement).
+    The headers (``if MASK_IS_BOOL:`` … ``else:``) keep the indentation readable. None when no
+    statement holds the line."""
+    for node in statements:
+        if not node.lineno <= line <= node.end_lineno:
+            continue
+        body = getattr(node, "body", None)
+        if not body:                                         # a simple statement: all of its lines
+            return set(range(node.lineno, node.end_lineno + 1)), set()
+        if line < body[0].lineno:                           # the block's header (``if …:``, ``for …:``)
+            if node.end_lineno - node.lineno < _WHOLE_BLOCK_LINES:
+                return set(range(node.lineno, node.end_lineno + 1)), set()
+            return set(range(node.lineno, body[0].end_lineno + 1)), set()
+        header = set(range(node.lineno, body[0].lineno))
+        orelse = getattr(node, "orelse", [])
+        for block in (body, orelse, getattr(node, "finalbody", []),
+                      *(handler.body for handler in getattr(node, "handlers", []))):
+            inner = _statement_lines(block, line, lines)
+            if inner is None:
+                continue
+            if block is orelse and orelse and not lines[orelse[0].lineno - 1].lstrip().startswith("elif"):
+                else_line = orelse[0].lineno - 1                 # ast keeps no line for ``else:``: the one above
+                while else_line > node.lineno and not re.match(r"\s*else\s*:", lines[else_line - 1]):
+                    else_line -= 1
+                header.add(else_line)
+            return inner[0], header | inner[1]
+        return {line}, header                                # a comment line inside the block
+    return None
+
+
+def _whole_statement(statements: list[ast.stmt], line: int) -> set[int]:
+    """The 1-based lines of the innermost statement holding ``line`` (of a block: its header alone),
+    so that a context line is never a piece of a call written over several lines."""
+    for node in statements:
+        if node.lineno <= line <= node.end_lineno:
+            body = getattr(node, "body", None)
+            if not body:
+                return set(range(node.lineno, node.end_lineno + 1))
+            if line < body[0].lineno:
+                return set(range(node.lineno, body[0].lineno))
+            for block in (body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                          *(handler.body for handler in getattr(node, "handlers", []))):
+                inner = _whole_statement(block, line)
+                if inner != {line} or any(n.lineno <= line <= n.end_lineno for n in block):
+                    return inner
+    return {line}
+
+
 def feature_lines(parts: dict[str, str], *needles: str, context: int = 0) -> str:
-    """The lines of ``parts`` that contain any of ``needles`` (plus ``context`` lines around
-    each), grouped under the name of the function they are in, ``…`` marking a gap."""
+    """The lines of ``parts`` that contain any of ``needles``, each with the rest of its statement
+    (a call over several lines is shown whole; a matched ``if …:`` with its block) under the headers
+    of the blocks that hold it and the comment lines just above, plus ``context`` lines around each,
+    grouped under the name of the function they are in, ``…`` marking a gap."""
     shown, missing = [], set(needles)
     for name, source in parts.items():
         lines = source.splitlines()
         body = _body_start(source)
+        statements = ast.parse(source).body[0].body
         hits = set()
         for i, line in enumerate(lines[body:], start=body):
             code = line.split("#")[0]
             found = [n for n in needles if n in code]
             if found and not _ARGUMENTS_ONLY.fullmatch(code.strip()):
                 missing -= set(found)
-                hits |= set(range(max(0, i - context), min(len(lines), i + context + 1)))
+                matched, headers = _statement_lines(statements, i + 1, lines) or ({i + 1}, set())
+                hits |= {n - 1 for n in matched | headers}
+                for around in range(min(matched) - context, max(matched) + context + 1):   # context: whole statements
+                    if (body < around <= len(lines) and around not in matched
+                            and lines[around - 1].strip()[:1] not in ("", "#")):   # not a blank or comment line
+                        hits |= {n - 1 for n in _whole_statement(statements, around)}
+        for i in sorted(hits):                                  # the comment just above a shown line says why
+            while i - 1 >= body and lines[i - 1].lstrip().startswith("#"):
+                i -= 1
+                hits.add(i)
         if hits:
             shown.append(f"# in {name}:")
             previous = None

@@ -270,6 +270,19 @@ MUTANTS = [
      "(acc / l_safe[:, None]).to(O.dtype.element_ty))"),
     ("ex05b_causal_ragged", "L stored without the row mask (writes past Nq)",
      "m_i + tl.log(l_safe), mask=row_ok)", "m_i + tl.log(l_safe))"),
+    # from a third learner's trial (2026-12-06), for their hints: the diagonal excluded used to be sent to dV
+    # (at Nk = 1, dQ = dK = 0 for any P); the others got a bare relative error
+    ("ex06_flash_backward", "causal mask excludes the diagonal (key j < query i)",
+     "valid & (offs_n[None, :] <= offs_m[:, None])", "valid & (offs_n[None, :] < offs_m[:, None])"),
+    ("ex06_flash_backward", "dQ pass's causal loop stops before the diagonal block",
+     "hi = tl.minimum(n_k, start_m + BLOCK_M)", "hi = tl.minimum(n_k, start_m)"),
+    ("ex09_decoder_step", "glimpse scaled by 1/d instead of 1/√d", "keys) / math.sqrt(query.shape[-1])",
+     "keys) / query.shape[-1]"),
+    ("ex09_decoder_step", "pointer scaled by 1/d instead of 1/√d", "logit_keys) / math.sqrt(glimpse.shape[-1])",
+     "logit_keys) / glimpse.shape[-1]"),
+    ("ex10_split_kv_merge", "O the plain mean of the splits' O_s (no weights)",
+     "    o = (w[..., None] * o_parts).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]",
+     "    o = o_parts.mean(dim=0)"),
 ]
 
 

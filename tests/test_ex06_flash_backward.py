@@ -20,42 +20,59 @@ TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else 1e-2, torch.float16: 3e-3}
 
 
 P_HINT = ("\nhint: dV = Pᵀ dO is wrong too, so P is: check P = exp(S − L) with S = Q Kᵀ·scale (scaled once) "
-          "and its masks. L here is the natural-log log-sum-exp (not the base-2 L of notebook 06's kernels); "
-          "with exp2, multiply by log2(e): P = exp2((S − L)·log2(e))")
+          "and its masks (causal keeps key j ≤ query i: the diagonal takes part). L here is the natural-log "
+          "log-sum-exp (not the base-2 L of notebook 06's kernels); with exp2, multiply by log2(e): "
+          "P = exp2((S − L)·log2(e))")
+ONE_KEY_HINT = ("\nhint: with one key, dQ and dK are 0 whatever P is (softmax over one score is 1, whatever the "
+                "score), so dV = Pᵀ dO alone shows P: each query's P must be 1 for that key. Check P = exp(S − L) "
+                "(L the natural-log log-sum-exp; with exp2, P = exp2((S − L)·log2(e))) and the masks: causal keeps "
+                "key j ≤ query i, the diagonal included")
 DV_SCALE_HINT = ("dQ and dK are right, so P is, and dV is exactly scale × the right dV: dV = Pᵀ dO has no softmax "
                  "scale (it is inside P already); only dK = scale · dSᵀ Q and dQ = scale · dS K take it")
 DV_ONLY_HINT = ("dQ and dK are right, so P is: the mistake is in dV = Pᵀ dO alone (Pᵀ of each query block "
                 "times its dO, summed over the query blocks, no scale, stored where the keys are valid)")
+ONE_PASS_HINT = {
+    "dq": ("dK and dV are right, so P and dS are: the mistake is in the dQ pass alone. dQ = scale · dS K sums "
+           "over every key block the query block sees: check its loop's end (with is_causal, up to and including "
+           "the block holding the diagonal, min(Nk, start_m + BLOCK_M)) and which rows it stores"),
+    "dk": ("dQ and dV are right, so P and dS are: the mistake is in dK = scale · dSᵀ Q alone, in the dK/dV pass. "
+           "It sums over every query block that sees the key block (with is_causal, from the block holding the "
+           "diagonal on): check that loop, as dV's, and dK's store"),
+}
 
 
-def _hint(what: str, err: float, head_dim: int, dv_ok: bool, dq_dk_ok: bool) -> str:
-    """A hint naming the mistake when the error of d{q,k,v} has its signature. With dV correct
-    (P right, the mistake after it), an error of d{q,k} within 1% of 2 is a flipped dS, of √D − 1
-    a missing scale 1/√D. With dQ and dK correct but dV wrong, P is right and the mistake is in dV
-    alone (an error of 1 − scale: dV multiplied by the scale). With dV wrong and dQ or dK wrong
+def _hint(what: str, err: float, head_dim: int, ok: dict, n_keys: int) -> str:
+    """A hint naming the mistake when the errors of dQ, dK, dV (``ok``: which are right) have its
+    signature. With one key, dQ = dK = 0 whatever P is, so only dV tells, and it tells of P. With
+    dV correct (P right, the mistake after it), an error of d{q,k} within 1% of 2 is a flipped dS,
+    of √D − 1 a missing scale 1/√D; with only one of dQ, dK wrong, the mistake is in that one's sum
+    (its loop bounds, its store). With dQ and dK correct but dV wrong, P is right and the mistake is
+    in dV alone (an error of 1 − scale: dV multiplied by the scale). With dV wrong and dQ or dK wrong
     too, P itself is wrong (e.g. L, natural log, used as base 2)."""
-    if what == "dv" and dq_dk_ok:
+    if n_keys == 1:
+        return ONE_KEY_HINT
+    if what == "dv" and ok["dq"] and ok["dk"]:
         return known_mistake(err, [(1 - head_dim ** -0.5, DV_SCALE_HINT)]) or f"\nhint: {DV_ONLY_HINT}"
-    if not dv_ok:
+    if not ok["dv"]:
         return P_HINT
-    signatures = []
-    if what in ("dq", "dk"):
-        signatures.append((2.0, "dS = P ∘ (dP − D), not (D − dP)"))
-        signatures.append((math.sqrt(head_dim) - 1, "dK = scale · dSᵀ Q (and dQ = scale · dS K)"))
-    return known_mistake(err, signatures)
+    signatures = [(2.0, "dS = P ∘ (dP − D), not (D − dP)"),
+                  (math.sqrt(head_dim) - 1, "dK = scale · dSᵀ Q (and dQ = scale · dS K)")]
+    other = "dk" if what == "dq" else "dq"
+    return known_mistake(err, signatures) or (f"\nhint: {ONE_PASS_HINT[what]}" if ok[other] else "")
 
 
 def _check_all(grads, wants, tol):
     """assert_close of (dq, dk, dv), with a hint when the errors have the signature of a known
     mistake; every error is looked at first, since which of dQ, dK, dV are right tells where the
-    mistake is (P, dS, or dV alone)."""
-    ok = [math.isfinite(rel_error(g, w)) and rel_error(g, w) <= tol for g, w in zip(grads, wants)]
+    mistake is (P, dS, or one pass's sum)."""
+    ok = {what: math.isfinite(rel_error(g, w)) and rel_error(g, w) <= tol
+          for what, g, w in zip(("dq", "dk", "dv"), grads, wants)}
     for what, got, want in zip(("dq", "dk", "dv"), grads, wants):
         try:
             assert_close(got, want, tol=tol, what=what)
         except AssertionError as error:
-            hint = unwritten(got, "d" + what[1].upper()) or _hint(what, rel_error(got, want), got.shape[-1], ok[2],
-                                                                  ok[0] and ok[1])
+            hint = unwritten(got, "d" + what[1].upper()) or _hint(what, rel_error(got, want), got.shape[-1], ok,
+                                                                  grads[1].shape[-2])
             raise AssertionError(f"{error}{hint}") from None
 
 

@@ -30,3 +30,39 @@ def test_missing_kernel_needle_or_ambiguous_part_fail_clearly():
         feature_lines(parts, "tl.dot", "no such code")
     with pytest.raises(ValueError, match="text: "):
         part_containing(parts, "no such code")
+
+
+def test_feature_lines_show_whole_statements_under_their_blocks():
+    """A learner's trial read `dk, dv = _dkdv_tiles(…` cut mid-call and a dangling `FAST_PATH, BLOCK_M,
+    BLOCK_N)`: a matched line brings its whole statement, the headers of the blocks around it (with
+    `else:`) and the comment just above it; a context line is a whole statement, never a piece of one."""
+    source = '''def kernel(X, FLAG):
+    """Docstring line that mentions total."""
+    total = combine(X, 1,
+                    2, 3)
+    if FLAG:
+        a = 1
+    else:
+        # why b
+        b = 2
+        c = 3
+    for i in range(10):
+        d = i
+        e = i
+        f = i
+        g = i
+        h = i
+        k = i
+        m = i
+        n = i
+    last = 0
+'''
+    parts = {"kernel": source}
+    lines = source.splitlines()
+    shown = lambda *needles, **kw: feature_lines(parts, *needles, **kw).splitlines()[1:]   # noqa: E731
+    assert shown("combine") == lines[2:4]                      # the call whole, not the docstring
+    assert shown("b = 2") == [lines[4], "    …", *lines[6:9]]  # if … else: and the comment above
+    assert shown("for i") == lines[10:12]                      # a long block: its header and first statement
+    assert shown("f = i", context=1) == [lines[10], "    …", *lines[12:15]]
+    assert shown("if FLAG") == lines[4:10]                     # a short block whole
+    assert shown("last", context=1) == lines[18:20]

@@ -43,3 +43,19 @@ def test_printed_output_is_one_block_per_stream(path):
                         and before["name"] == after["name"]), (
                 f"{path.name}, cell {index}: two consecutive {before['name']} outputs; run `make notebooks` "
                 "(or jupyter nbconvert --coalesce-streams on the notebook)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_cells_that_write_prose_have_their_code_folded(path):
+    """A paragraph quoting measured numbers is written by a code cell from the numbers (Markdown(f"…")), so
+    no number in the prose can drift from the data. A learner's trial had to scroll past 20-60 lines of
+    formatting code to read each such paragraph: their code is folded in JupyterLab (metadata
+    jupyter.source_hidden; click the cell's … to open it), and the paragraph shows as the output."""
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        writes_prose = cell["cell_type"] == "code" and any(
+            "text/markdown" in output.get("data", {}) for output in cell.get("outputs", []))
+        if writes_prose:
+            assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, (
+                f"{path.name}, cell {index}: a cell whose output is a paragraph (Markdown) should have its code "
+                "folded: set the cell's metadata jupyter.source_hidden to true (JupyterLab: View → Collapse "
+                "Selected Code)")
