@@ -18,7 +18,8 @@
                     was killed before its own export)
 
 train and train-tsp write only with --out-dir, never over another run; Ctrl-C or SIGTERM stops
-a run between two steps and saves it (--resume continues exactly).
+a run between two steps and saves it (--resume continues exactly; under torchrun every rank
+stops after the same step).
 
 Every option is checked before any work starts; a bad one ends the command with one line
 that names it and says what to give instead (exit status 2).

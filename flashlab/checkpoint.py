@@ -26,6 +26,7 @@ import io
 import os
 import pickle
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,7 +197,11 @@ def _torch_load(source, path, map_location):
     if isinstance(source, (str, os.PathLike)):
         _check_torch_file(source)
     try:
-        return torch.load(source, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # a raw pickle (not torch.save's zip) makes torch warn about its protocol before failing; the
+            # one line below says what the file is
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc) or "weights_only" in str(exc):
             raise CheckpointError(

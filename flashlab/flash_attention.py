@@ -572,14 +572,28 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, bias: bool = True,
                  dropout: float = 0.0, attention_fn=attention):
         super().__init__()
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}.")
         if embed_dim % num_heads:
-            raise ValueError(f"num_heads: {num_heads} does not divide embed_dim={embed_dim}.")
+            raise ValueError(f"num_heads: {num_heads} does not divide embed_dim={embed_dim}. Pick a divisor of "
+                             f"{embed_dim} (each head gets embed_dim / num_heads dimensions).")
+        if not (isinstance(dropout, numbers.Real) and not isinstance(dropout, bool) and 0.0 <= dropout <= 1.0):
+            raise ValueError(f"dropout: {dropout!r} is not a probability in [0, 1]. Pass the fraction of attention "
+                             "weights to drop in training, e.g. 0.1 (0: none).")
+        self.embed_dim = embed_dim
         self.num_heads, self.head_dim, self.causal = num_heads, embed_dim // num_heads, causal
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=bias)
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.attention_fn, self.dropout = attention_fn, dropout
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x: expected (batch, N, embed_dim={self.embed_dim}), got {got}. "
+                             + ("Add a batch dimension: x.unsqueeze(0)." if isinstance(x, torch.Tensor) and x.dim() == 2
+                                and x.shape[-1] == self.embed_dim else
+                                f"Give {self.embed_dim} features per token (the layer's embed_dim)."))
         B, N, _ = x.shape
         dropout_p = self.dropout if self.training else 0.0
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)   # one matmul for q, k and v

@@ -222,8 +222,9 @@ def _stop_between_steps(enabled: bool, last_saved=lambda: None):
     in (a step cut in half leaves the model and optimizer half-updated, nothing to save); a second
     one, of either kind, interrupts at once (`StoppedAtOnce`). Yields the list the handler appends
     the signal to; ``last_saved()`` names the checkpoint a later ``--resume`` would start from. Only in
-    one process's main thread: Python handles signals there alone, and
-    ranks of a distributed run would stop at different steps and wait for each other forever."""
+    a process's main thread: Python handles signals there alone. Ranks of a distributed run each
+    handle their own, and stop where their step's all-reduce says one of them was asked
+    (`Trainer.train_step`): at different steps they would wait for each other forever."""
     requested: list[int] = []
     if not enabled:
         yield requested
@@ -322,8 +323,24 @@ class Trainer:
         self.flops_per_step = self._flops_per_step()
         self.peak = peak_flops(torch.cuda.get_device_name(self.device), self.precision.compute_dtype) \
             if self.device.type == "cuda" else None
+        self._stop_requests: list[int] = []   # signals this process was sent during fit (`_stop_between_steps`)
+        self._ranks_agree_to_stop = False     # distributed: every rank stops after this step (`train_step`)
+        self._out_dir_is_ours = bool(run.resume)   # resuming continues a run; a fresh one may not write over one
         if run.resume:
             self.load(run.resume)
+
+    def _refuse_another_runs_out_dir(self, out: Path) -> None:
+        """A fresh run (no resume) refuses an out_dir that holds another run, as the command line does:
+        its metrics.csv would be cut back to step 0 and checkpoint_last.pt replaced, and the other run's
+        checkpoint_<step>.pt files left beside the new run's."""
+        if self._out_dir_is_ours:
+            return
+        held = [name for name in ("checkpoint_last.pt", "metrics.csv") if (out / name).exists()]
+        if held:
+            hint = (f"continue it with resume='{out / 'checkpoint_last.pt'}', "
+                    if held[0] == "checkpoint_last.pt" else "")
+            raise ConfigError("out_dir", f"{out} holds a run already ({held[0]}); {hint}give another out_dir, or "
+                                         f"delete that one first.")
 
     @property
     def config(self):
@@ -409,8 +426,21 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         stats = torch.stack([loss_sum / run.grad_accum, metric_sum.float(), metric_count.float()])
         if self.world > 1:
+            # the same all-reduce carries each rank's wish to stop: a signal it was sent (torchrun forwards
+            # SIGTERM and SIGINT to every rank, not at the same instant), and rank 0's clock past the time
+            # limit (each rank's clock differs); any one makes every rank stop after this step
+            asked = self._stop_requests[0] if self._stop_requests else 0
+            time_up = self.rank == 0 and run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min
+            votes = torch.tensor([float(asked > 0), float(asked), float(bool(time_up))], device=self.device)
+            stats = torch.cat([stats, votes])
             dist.all_reduce(stats)
             stats[0] /= self.world
+            asking_ranks, signal_sum, time_up = stats[3:].tolist()
+            if asking_ranks and not self._stop_requests:          # asked on another rank: stop with it
+                sent = round(signal_sum / asking_ranks)               # the signal, unless ranks got different ones
+                self._stop_requests.append(sent if sent in (signal.SIGINT, signal.SIGTERM) else signal.SIGTERM)
+            self._ranks_agree_to_stop = bool(asking_ranks or time_up)
+            stats = stats[:3]
         loss_value, metric_total, metric_n = stats.tolist()
         finite = math.isfinite(loss_value) and math.isfinite(grad_norm.item())
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
@@ -460,12 +490,14 @@ class Trainer:
         run = self.run
         out = Path(run.out_dir) if run.out_dir else None
         if out and self.rank == 0:
+            self._refuse_another_runs_out_dir(out)
             out.mkdir(parents=True, exist_ok=True)
             # a run killed after writing rows past its last checkpoint redoes those steps: drop their rows
             _truncate_csv(out / "metrics.csv", self.step)
             # and one killed mid-save left a temporary file, which a save to the same name would remove, but
             # checkpoint_<step>.pt names do not repeat
             checkpoint.remove_interrupted_writes(out, "checkpoint_*.pt")
+        self._out_dir_is_ours = True             # a later fit() of this trainer continues its own run
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
         rate_label = {"tokens": "tok/s", "instances": "inst/s"}.get(self.work_unit, f"{self.work_unit}/s")
@@ -473,9 +505,13 @@ class Trainer:
         def last_saved():
             return out / "checkpoint_last.pt" if out and (out / "checkpoint_last.pt").is_file() else None
 
-        with _stop_between_steps(self.world == 1 and threading.current_thread() is threading.main_thread(),
-                                 last_saved) as stop:
-            self._fit_steps(run, out, bar, rate_label, stop)
+        self._ranks_agree_to_stop = False
+        with _stop_between_steps(threading.current_thread() is threading.main_thread(), last_saved) as stop:
+            self._stop_requests = stop
+            try:
+                self._fit_steps(run, out, bar, rate_label, stop)
+            finally:
+                self._stop_requests = []
         bar.close()
         if out:
             self.save(out / "checkpoint_last.pt")
@@ -486,8 +522,10 @@ class Trainer:
 
     def _fit_steps(self, run, out, bar, rate_label, stop) -> None:
         """`fit`'s loop: steps until run.steps, the time limit, or a signal in ``stop``."""
-        while self.step < run.steps and not stop:
-            if run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min:
+        # one process stops where it was asked to; ranks of a distributed run stop where they all agree, after
+        # the step whose all-reduce told each of them (`train_step`), or they would wait for each other forever
+        while self.step < run.steps and not (self._ranks_agree_to_stop if self.world > 1 else stop):
+            if self.world == 1 and run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min:
                 break
             started = self.clock()
             metrics = self.train_step()

@@ -159,6 +159,31 @@ def test_module_drops_only_in_training():
     assert torch.equal(layer(x), layer(x))
 
 
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((32, 0), {}, r"^num_heads: expected a positive integer, got 0"),
+    ((32, 2.0), {}, r"^num_heads: expected a positive integer, got 2.0"),
+    ((0, 2), {}, r"^embed_dim: expected a positive integer"),
+    ((32, 5), {}, r"^num_heads: 5 does not divide embed_dim=32. Pick a divisor"),
+    ((32, 4), {"dropout": 1.5}, r"^dropout: 1.5 is not a probability in \[0, 1\]"),
+    ((32, 4), {"dropout": -0.1}, r"^dropout: -0.1 is not a probability"),
+])
+def test_module_refuses_bad_settings_naming_them(args, kwargs, message):
+    """A practitioner's trial: num_heads=0 raised ZeroDivisionError, and dropout=1.5 was taken (the error
+    came at the first training call, naming dropout_p)."""
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("shape,message", [((7, 32), r"got shape \(7, 32\). Add a batch dimension: x.unsqueeze\(0\)"),
+                                           ((2, 7, 16), r"got shape \(2, 7, 16\). Give 32 features per token"),
+                                           ((1, 2, 7, 32), r"got shape \(1, 2, 7, 32\)")])
+def test_module_names_a_bad_input_shape(shape, message):
+    """It used to fail inside the projection (mat1 and mat2 shapes cannot be multiplied) or in an
+    unpacking (not enough values to unpack)."""
+    with pytest.raises(ValueError, match=r"^x: expected \(batch, N, embed_dim=32\), " + message):
+        MultiHeadAttention(32, 4)(torch.randn(*shape))
+
+
 def test_drop_in_for_sdpa_in_a_module():
     torch.manual_seed(0)
     layer = MultiHeadAttention(64, 4, causal=True).to(DEVICE)

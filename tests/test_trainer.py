@@ -3,6 +3,7 @@ activation checkpointing, resume, the NaN guard, DDP with gloo, and the command 
 
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,13 +11,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from flashlab.config import apply_changes
+from flashlab import checkpoint
+from flashlab.config import ConfigError, apply_changes
 from flashlab.tasks import IGNORE_INDEX, AssociativeRecall, lookback
 from flashlab.train import (
     RecallConfig,
     RunConfig,
     Trainer,
     TrainingDiverged,
+    TrainingInterrupted,
     lr_factor,
     read_metrics,
     train,
@@ -206,8 +209,27 @@ def test_metrics_continue_exactly_after_resuming_an_earlier_checkpoint(tmp_path)
     train(*tiny(steps=7, out_dir=str(tmp_path), checkpoint_every=4))      # rows 0…6, checkpoint_4 and _last (7)
     train(*tiny(steps=12, out_dir=str(tmp_path), resume=str(tmp_path / "checkpoint_4.pt")))
     assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == list(range(12))
-    train(*tiny(steps=2, out_dir=str(tmp_path)))                           # a fresh run starts the file over
-    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == [0, 1]
+
+
+def test_a_fresh_run_refuses_a_directory_that_holds_another(tmp_path):
+    """A practitioner's trial: the command line refused an --out-dir holding a run, but train() and
+    Trainer.fit() cut its metrics.csv back to step 0, replaced checkpoint_last.pt, and left the old
+    run's checkpoint_<step>.pt beside the new run's. Now they refuse too, in one line naming out_dir;
+    the old run is untouched, resuming it still works, and a trainer's second fit() continues its run."""
+    trainer = train(*tiny(steps=4, out_dir=str(tmp_path), checkpoint_every=2))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ConfigError, match=rf"^out_dir: {tmp_path} holds a run already \(checkpoint_last.pt\); "
+                                          r"continue it with resume='.*checkpoint_last.pt', give another out_dir"):
+        train(*tiny(steps=2, out_dir=str(tmp_path)))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    (tmp_path / "checkpoint_last.pt").unlink()                  # a run stopped before its first checkpoint
+    with pytest.raises(ConfigError, match=r"holds a run already \(metrics.csv\); give another out_dir"):
+        Trainer(*tiny(steps=2, out_dir=str(tmp_path))).fit()
+    trainer.run = apply_changes((trainer.run,), {"steps": 6})[0]
+    trainer.fit()                                                 # the same trainer continues its own run
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == list(range(6))
+    resumed = train(*tiny(steps=7, out_dir=str(tmp_path), resume=str(tmp_path / "checkpoint_4.pt")))
+    assert resumed.step == 7
 
 
 class _Interrupted(Trainer):
@@ -328,6 +350,75 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     single = train(*config)
     for a, b in zip(single.model.parameters(), rank0):   # gradients summed in another order: rounding only
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+class _StoppedOnOneRank(Trainer):
+    """A distributed run where only rank 1 is sent SIGTERM (after step 1), or whose ranks' clocks
+    run at different speeds (rank 0's 10 s a step, rank 1's 1 s), as they do: each times its own steps."""
+    signal_rank1_after = None
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        ticks = iter(range(0, 10**6, 10 if self.rank == 0 else 1))
+        self.clock = lambda: float(next(ticks))
+
+    def on_step_end(self, metrics):
+        if self.rank == 1 and metrics["step"] == self.signal_rank1_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _ddp_stop_worker(rank, world, port, config, signal_after, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    trainer = _StoppedOnOneRank(*config)
+    trainer.signal_rank1_after = signal_after
+    try:
+        trainer.fit()
+        outcome = ("finished", trainer.step)
+    except TrainingInterrupted as stopped:
+        outcome = (stopped.signal_name, stopped.step)
+    torch.save(outcome, f"{out}/rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _two_ranks(worker, args, timeout_s=120):
+    """Runs ``worker`` on two gloo ranks; fails (after killing them) if they have not ended in time."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.spawn(worker, args=(2, port, *args), nprocs=2, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=2):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the ranks had not ended after {timeout_s} s: one waits for the other")
+
+
+def test_ddp_ranks_stop_together_when_one_is_signalled(tmp_path):
+    """A practitioner's trial: under torchrun a SIGTERM saved nothing (the handler was off with more than
+    one rank, because ranks stopping at different steps would wait for each other forever). Now each
+    rank's wish to stop rides the step's all-reduce: rank 1 alone is signalled after step 1, and both
+    ranks stop after step 2, rank 0 saving that step's state."""
+    _two_ranks(_ddp_stop_worker, (tiny(steps=50, out_dir=str(tmp_path)), 1, str(tmp_path)))
+    outcomes = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert outcomes == [("SIGTERM", 3), ("SIGTERM", 3)], outcomes
+    assert checkpoint.load(tmp_path / "checkpoint_last.pt").state["step"] == 3
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "metrics.csv")] == [0, 1, 2]
+
+
+def test_ddp_ranks_stop_together_at_the_time_limit(tmp_path):
+    """Each rank times its own steps, and rank 0 also writes the CSV: its clock reaches the time limit
+    first (here at 30 s, after 3 of its 10 s steps; rank 1's after 30). Rank 0's clock decides for
+    every rank, told through the step's all-reduce, so the ranks stop together, one step after rank 0's
+    clock passed the limit (a single process stops before that step)."""
+    _two_ranks(_ddp_stop_worker, (tiny(steps=50, time_limit_min=0.5), None, str(tmp_path)))
+    outcomes = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert outcomes == [("finished", 4), ("finished", 4)], outcomes
 
 
 def test_command_line_trains_and_writes_metrics(tmp_path):
