@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -631,7 +632,8 @@ def main(argv=None) -> int:
         from .train import StoppedAtOnce, TrainingInterrupted
 
         if isinstance(exc, (TrainingInterrupted, StoppedAtOnce)):
-            print(f"{prog}: {exc}", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":      # under torchrun every rank stops alike: one says so
+                print(f"{prog}: {exc}", file=sys.stderr)
             return 128 + getattr(signal.Signals, exc.signal_name).value
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -233,9 +233,10 @@ def _stop_between_steps(enabled: bool, last_saved=lambda: None):
     def handler(signum, frame):
         if requested:               # asked twice: whoever sent it does not want to wait for the step
             raise StoppedAtOnce(signal.Signals(signum).name, last_saved())
-        # said at once: the step (or an epoch's baseline rollout) may take a while
-        print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
-              "(a second Ctrl-C or SIGTERM stops at once without saving)", file=sys.stderr, flush=True)
+        # said at once: the step (or an epoch's baseline rollout) may take a while; by one rank of a torchrun
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{signal.Signals(signum).name}: stopping after the current step, then saving a checkpoint "
+                  "(a second Ctrl-C or SIGTERM stops at once without saving)", file=sys.stderr, flush=True)
         requested.append(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

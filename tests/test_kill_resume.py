@@ -207,3 +207,27 @@ def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
                                  capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr
         assert len(list(csv.DictReader(metrics.open()))) == step + 2
+
+
+def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves(tmp_path):
+    """A practitioner's trial: `kill -TERM` to torchrun (which forwards it to each worker) left only
+    metrics.csv, since the workers had no stop handler. Now both ranks stop after the same step, rank 0
+    saves it, one line says so, and every finished step is in metrics.csv once."""
+    import time
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                                "flashlab", "train", "--device", "cpu", "--attention", "sdpa", "--batch-size", "8",
+                                "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16",
+                                "--n-heads", "2", "--n-layers", "1", "--steps", "1000000", "--no-progress",
+                                "--out-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") > 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    step = checkpoint.load(out / "checkpoint_last.pt").state["step"]
+    assert stderr.count(f"stopped by SIGTERM after step {step}: saved {out / 'checkpoint_last.pt'}") == 1, stderr
+    assert [int(row["step"]) for row in csv.DictReader(metrics.open())] == list(range(step))
