@@ -147,7 +147,7 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=False, scale
     delta = (grad_out.to(acc_dtype) * out.to(acc_dtype)).sum(dim=-1)
     obs.read("dO", grad_out)
     obs.read("O", out)
-    obs.write("D", delta)
+    obs.write("delta", delta)
 
     for k_start in range(0, n_keys, block_n):            # K_j, V_j stay on chip
         k_end = min(k_start + block_n, n_keys)
@@ -163,7 +163,7 @@ def tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=False, scale
             q_end = min(q_start + block_m, n_queries)
             q_tile, do_tile = q[..., q_start:q_end, :], grad_out[..., q_start:q_end, :]
             for name, t in (("Q", q_tile), ("dO", do_tile), ("L", lse[..., q_start:q_end]),
-                            ("D", delta[..., q_start:q_end])):
+                            ("delta", delta[..., q_start:q_end])):
                 obs.read(name, t)
             q_tile, do_tile = q_tile.to(acc_dtype), do_tile.to(acc_dtype)
             scores = (q_tile * scale) @ k_tile.transpose(-1, -2)             # S_ij, recomputed

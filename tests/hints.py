@@ -40,3 +40,46 @@ def unwritten(t: torch.Tensor, what: str) -> str:
                 f"body written (not `pass`), and does its tl.store write {what}?")
     return (f"\nhint: the kernel left {left} of the {t.numel()} entries of {what} unwritten: they still hold {held}. "
             "The grid, the offsets or the store's mask miss some.")
+
+
+# the usual slips in a backward pass (exercises 04 and 06), each as the hint that names it
+BACKWARD_MISTAKES = {
+    "no D": "dS = P ∘ dP: the − D_i term is missing. dS = P ∘ (dP − D) with D_i = rowsum(dO_i ∘ O_i) "
+            "(= Σ_j P_ij dP_ij, the second term of the softmax's Jacobian); dV = Pᵀ dO does not use dS, so it can "
+            "be right while dQ and dK are not",
+    "D flipped": "dS = P ∘ (D − dP) has the sign flipped: dS = P ∘ (dP − D)",
+    "dQ unscaled": "dQ = dS K · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dQ (and to dK)",
+    "dK unscaled": "dK = dSᵀ Q · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dK (and to dQ)",
+    "dV scaled": "dV = Pᵀ dO has no softmax scale (it is inside P already); only dQ and dK take it",
+}
+
+
+def backward_mistake(name: str, got: torch.Tensor, q, k, v, grad_out, is_causal: bool, scale=None,
+                     tol: float = 1e-4) -> str:
+    """``"\\nhint: …"`` when ``got`` (d``name``, name in "qkv") is what one of `BACKWARD_MISTAKES` gives
+    (computed here in float64, unbatched over the leading dimensions), within ``tol``; else ``""``."""
+    q, k, v, grad_out = (t.detach().double().cpu() for t in (q, k, v, grad_out))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = q @ k.transpose(-1, -2) * scale
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, -torch.inf)
+    p = torch.softmax(scores, -1)
+    dp = grad_out @ v.transpose(-1, -2)
+    delta = (grad_out * (p @ v)).sum(-1, keepdim=True)                 # D_i = rowsum(dO ∘ O)
+
+    def grads(ds, q_scale=scale, k_scale=scale, v_scale=1.0):
+        return {"q": ds @ k * q_scale, "k": ds.transpose(-1, -2) @ q * k_scale,
+                "v": p.transpose(-1, -2) @ grad_out * v_scale}
+    right = grads(p * (dp - delta))
+    candidates = {"no D": grads(p * dp), "D flipped": grads(p * (delta - dp)),
+                  "dQ unscaled": grads(p * (dp - delta), q_scale=1.0),
+                  "dK unscaled": grads(p * (dp - delta), k_scale=1.0),
+                  "dV scaled": grads(p * (dp - delta), v_scale=scale)}
+    got = got.detach().double().cpu()
+    for mistake, wrong in candidates.items():
+        want = wrong[name]
+        differs = (want - right[name]).norm() > 10 * tol * right[name].norm()
+        if differs and (got - want).norm() <= tol * max(want.norm().item(), 1e-30):
+            return f"\nhint: {BACKWARD_MISTAKES[mistake]}"
+    return ""

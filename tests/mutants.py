@@ -280,6 +280,10 @@ MUTANTS = [
      "keys) / query.shape[-1]"),
     ("ex09_decoder_step", "pointer scaled by 1/d instead of 1/√d", "logit_keys) / math.sqrt(glimpse.shape[-1])",
      "logit_keys) / glimpse.shape[-1]"),
+    # from a learner's trial of 00-04 (2026-12-06), for their hints
+    ("ex01_naive_attention", "masked scores multiplied by the mask (0, not −inf)",
+     'scores = scores.masked_fill(~keep, float("-inf"))', "scores = scores * keep"),
+    ("ex02_fused_softmax", "y's rows stepped by x_row_stride", "row * y_row_stride", "row * x_row_stride"),
     ("ex10_split_kv_merge", "O the plain mean of the splits' O_s (no weights)",
      "    o = (w[..., None] * o_parts).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]",
      "    o = o_parts.mean(dim=0)"),

@@ -25,7 +25,10 @@ def test_value_width_may_differ(exercise):
     v = torch.randn(2, 5, 3, dtype=torch.float64)
     out = exercise.attention(q, k, v)
     assert out.shape == (2, 7, 3)
-    assert_close(out, reference_attention(q, k, v))
+    try:
+        assert_close(out, reference_attention(q, k, v))
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_usual_mistake(out, q, k, v, False)}") from None
 
 
 @pytest.mark.parametrize("n_queries,n_keys", [(1, 1), (4, 4), (3, 7), (7, 3)])
@@ -46,7 +49,7 @@ def test_causal_mask_is_top_left_aligned(exercise, n_queries, n_keys):
             f"got (1 = True):\n{mask.int()}\nexpected:\n{want.int()}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("n_queries,n_keys,head_dim", [(1, 1, 4), (17, 17, 16), (17, 33, 8),
                                                         (64, 20, 32)])
@@ -56,7 +59,34 @@ def test_attention_matches_reference(exercise, dtype, is_causal, n_queries, n_ke
     v = torch.randn(2, 3, n_keys, head_dim, dtype=dtype)
     out = exercise.attention(q, k, v, is_causal=is_causal)
     assert out.shape == (2, 3, n_queries, head_dim) and out.dtype == dtype
-    assert_close(out, reference_attention(q, k, v, is_causal=is_causal), dtype=dtype)
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=is_causal), dtype=dtype)
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_usual_mistake(out, q, k, v, is_causal)}") from None
+
+
+def _usual_mistake(out, q, k, v, is_causal) -> str:
+    """``"\\nhint: …"`` when ``out`` is what a usual slip gives (computed here in float64), else ``""``."""
+    q, k, v = q.double(), k.double(), v.double()
+    d = q.shape[-1]
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    scores = q @ k.transpose(-1, -2)
+
+    def attend(s, masked=is_causal):
+        return torch.softmax(s.masked_fill(~keep, -torch.inf) if masked else s, -1) @ v
+    slips = {
+        "scores scaled by 1/d, not 1/√d": (attend(scores / d), f"the default scale is 1/√d = 1/√{d}, d = "
+                                           "q.shape[-1]: it keeps the scores' spread about 1 whatever d"),
+        "scores not scaled": (attend(scores), "scale the scores by 1/√d (d = q.shape[-1]) before the softmax"),
+        "masked scores set to 0 (multiplied by the mask), not −inf": (
+            torch.softmax(scores * d ** -0.5 * keep, -1) @ v,
+            "exp(0) = 1 still weighs a masked key; give masked scores −inf (masked_fill(~mask, -inf)), so that "
+            "exp(−inf) = 0"),
+    }
+    for what, (wrong, fix) in slips.items():
+        if not torch.allclose(wrong, attend(scores * d ** -0.5)) and torch.allclose(out.double(), wrong, atol=1e-4):
+            return f"\nhint: that is attention with its {what}: {fix}"
+    return ""
 
 
 def test_attention_scale_and_gradients(exercise):

@@ -52,7 +52,7 @@ def _launch_padded(kernel, grid, args, kwargs):
         problems.append(
             "softmax_kernel loaded values outside x (10⁴ here, so that row's max became 10⁴): load with "
             "mask=cols < n_cols and other=-float(\"inf\"), and step between x's rows by x_row_stride")
-    assert not problems, "; ".join(problems)
+    require(not problems, "; ".join(problems))
 
 
 def _read_outside_x(copies, run) -> bool:
@@ -150,7 +150,14 @@ def test_kernel_stores_only_the_real_columns(exercise):
     buffer = torch.full((5, 40), PAST_END_FILL, device=DEVICE)
     exercise.softmax(x)                         # a stub launcher raises: "not started", not a failure
     exercise.softmax_kernel[(5,)](x, buffer, 25, x.stride(0), buffer.stride(0), BLOCK=triton.next_power_of_2(25))
-    require((buffer[:, 25:] == PAST_END_FILL).all(), "the kernel wrote columns ≥ n_cols: mask the store")
+    if not (buffer[:, 25:] == PAST_END_FILL).all():
+        # rows stored x.stride(0) = 25 apart, not buffer.stride(0) = 40: each row's 25 values side by side
+        want = torch.softmax(x.double(), -1).to(buffer.dtype)
+        flat = buffer.flatten()
+        y_stepped_by_x = all(torch.allclose(flat[r * 25:(r + 1) * 25], want[r], atol=1e-5) for r in range(5))
+        require(False, "the kernel stored row r at r × x_row_stride (25), not r × y_row_stride (40): y's rows are "
+                       "40 elements apart here, so step between y's rows by y_row_stride" if y_stepped_by_x else
+                       "the kernel wrote columns ≥ n_cols: mask the store with cols < n_cols")
     _assert_softmax(exercise, buffer[:, :25], x)
 
 

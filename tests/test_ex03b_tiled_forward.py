@@ -173,6 +173,11 @@ def test_causal_tiles_cut_by_the_diagonal_are_computed(exercise, Nq, Nk, block_m
     the diagonal cuts, even at one corner, is computed and masked. A learner's loop that broke at the
     block's first row passed every square tiling and was off by 0.3–0.7 at block_m = 64, block_n = 32."""
     q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64) for n in (Nq, Nk, Nk))
+    # first without causal: these tilings must work at all, or the causal message below would blame the loop
+    # bounds for a mistake in the tiles (a learner's trial: the accumulator not rescaled got the bounds' hint)
+    out, _ = exercise.tiled_attention_forward(q, k, v, block_m=block_m, block_n=block_n)
+    assert_close(out, reference_attention(q, k, v), dtype=torch.float64,
+                 what=f"output (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
     out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=block_m, block_n=block_n)
     want = reference_attention(q, k, v, is_causal=True)
     rows = differing_rows(out, want)

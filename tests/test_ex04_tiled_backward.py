@@ -6,6 +6,7 @@ import torch
 from flashlab import TOLERANCE, assert_close, reference_attention, reference_gradients, rel_error
 from flashlab.instrument import LargestTensor
 from tests.causal_tilings import CAUSAL_TILINGS, differing_rows
+from tests.hints import backward_mistake
 
 
 def _forward(q, k, v, is_causal, scale=None):
@@ -29,7 +30,12 @@ def test_gradients_match_reference(exercise, Nq, Nk, D, is_causal):
     for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=is_causal)):
         assert got.dtype == torch.float32
         # fp32 recomputation of P from an fp32 lse: errors of about 1e-7, bound 1e-5
-        assert_close(got, want, what=f"d{name}")
+        try:
+            assert_close(got, want, what=f"d{name}")
+        except AssertionError as error:
+            hint = backward_mistake(name, got, q, k, v, grad_out, is_causal) or _lse_ignored(
+                exercise, grads, q, k, v, out, lse, grad_out, is_causal)
+            raise AssertionError(f"{error}{hint}") from None
 
 
 
@@ -79,6 +85,18 @@ def test_float64_gradients_stay_float64(exercise):
         assert_close(got, want, dtype=torch.float64, what=f"d{name}")
 
 
+LSE_HINT = ("\nhint: recompute P = exp(S − lse) with the lse passed in. Given lse + log 2, every P, and so every "
+            "gradient, halves; a backward that normalises P itself (a softmax per tile or per row, its own row "
+            "sums) ignores lse, and does not")
+
+
+def _lse_ignored(exercise, grads, q, k, v, out, lse, grad_out, is_causal) -> str:
+    """`LSE_HINT` when the gradients do not halve as lse grows by log 2 (they would, were P exp(S − lse))."""
+    halved = exercise.tiled_attention_backward(q, k, v, out, lse + torch.log(torch.tensor(2.0)), grad_out,
+                                               is_causal=is_causal, block_m=64, block_n=32)
+    return "" if all(rel_error(a, b / 2) <= 1e-4 for a, b in zip(halved, grads)) else LSE_HINT
+
+
 def test_recomputes_p_from_the_given_logsumexp(exercise):
     """P = exp(S − lse) with the lse passed in: with lse + log 2 every P halves, and so does
     every gradient (dS = P ∘ (dP − D) is linear in P). A backward that recomputes its own
@@ -89,7 +107,10 @@ def test_recomputes_p_from_the_given_logsumexp(exercise):
     full = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out)
     halved = exercise.tiled_attention_backward(q, k, v, out, lse + torch.log(torch.tensor(2.0)), grad_out)
     for name, a, b in zip("qkv", halved, full):
-        assert_close(a, b / 2, tol=1e-6, what=f"d{name} with lse + log 2")  # dS sums cancel: ~1e-9
+        try:
+            assert_close(a, b / 2, tol=1e-6, what=f"d{name} with lse + log 2")  # dS sums cancel: ~1e-9
+        except AssertionError as error:
+            raise AssertionError(f"{error}{LSE_HINT}") from None
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -11,7 +11,7 @@ import torch
 
 from flashlab import assert_close, reference_attention, reference_gradients
 from flashlab.reference import reference_logsumexp, rel_error
-from tests.hints import known_mistake, require, unwritten
+from tests.hints import backward_mistake, known_mistake, require, unwritten
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU goes through TF32 tensor cores; the backward chains three TF32 products
@@ -61,18 +61,20 @@ def _hint(what: str, err: float, head_dim: int, ok: dict, n_keys: int) -> str:
     return known_mistake(err, signatures) or (f"\nhint: {ONE_PASS_HINT[what]}" if ok[other] else "")
 
 
-def _check_all(grads, wants, tol):
+def _check_all(grads, wants, tol, inputs=None):
     """assert_close of (dq, dk, dv), with a hint when the errors have the signature of a known
     mistake; every error is looked at first, since which of dQ, dK, dV are right tells where the
-    mistake is (P, dS, or one pass's sum)."""
+    mistake is (P, dS, or one pass's sum). ``inputs``: (q, k, v, dO, is_causal), to recognise a
+    usual slip (D_i left out, a scale missing) by recomputing it."""
     ok = {what: math.isfinite(rel_error(g, w)) and rel_error(g, w) <= tol
           for what, g, w in zip(("dq", "dk", "dv"), grads, wants)}
     for what, got, want in zip(("dq", "dk", "dv"), grads, wants):
         try:
             assert_close(got, want, tol=tol, what=what)
         except AssertionError as error:
-            hint = unwritten(got, "d" + what[1].upper()) or _hint(what, rel_error(got, want), got.shape[-1], ok,
-                                                                  grads[1].shape[-2])
+            slip = backward_mistake(what[1], got, *inputs, tol=tol) if inputs is not None else ""
+            hint = (unwritten(got, "d" + what[1].upper()) or slip
+                    or _hint(what, rel_error(got, want), got.shape[-1], ok, grads[1].shape[-2]))
             raise AssertionError(f"{error}{hint}") from None
 
 
@@ -94,7 +96,7 @@ def test_gradients_match_float64(exercise, Nq, Nk, D, is_causal, dtype):
     wants = reference_gradients(q, k, v, grad_out, is_causal=is_causal)
     for name, got, want in zip("qkv", grads, wants):
         assert got.shape == want.shape and got.dtype == dtype, f"d{name}: shape or dtype"
-    _check_all(grads, wants, TOL[dtype])
+    _check_all(grads, wants, TOL[dtype], (q, k, v, grad_out, is_causal))
 
 
 def test_deterministic(exercise):

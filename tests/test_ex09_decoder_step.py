@@ -37,7 +37,7 @@ def _scale_hint(got, scores_unscaled, finish, d: int, n: int, what: str) -> str:
     return ""
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("batch,heads,n,d", [(1, 1, 1, 4), (3, 8, 7, 16), (5, 2, 50, 8)])
 def test_glimpse_matches_float64_and_the_package(exercise, batch, heads, n, d, dtype):
     query = torch.randn(batch, heads, 1, d, dtype=dtype) * 2
@@ -98,7 +98,7 @@ def _visited_not_masked(log_p, glimpse, logit_keys, visited, clip) -> str:
     return message
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("batch,n,dim,clip", [(1, 1, 8, 10.0), (4, 20, 32, 10.0), (3, 9, 16, 2.5)])
 def test_pointer_matches_float64_and_the_package(exercise, batch, n, dim, clip, dtype):
     glimpse = torch.randn(batch, dim, dtype=dtype) * 4     # raw scores of several units: the clip matters
