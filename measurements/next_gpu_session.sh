@@ -151,6 +151,7 @@
 # and 96 passed) and h200-targets-or-rl4co (RL4CO's step, fp32 tours 100% identical). Next:
 #   bash measurements/next_gpu_session.sh h200-targets-or-all-tests OUT   on an H200 the targets; on an H100 every test
 #       in tests/; then on an H200 h200-in-one-call, and rl4co-and-suite with carry=[".whl"] for the H200's RL4CO step
+# 2026-12-06 (ninth session): no machine at all (every nvidia-h200 call refused or not tried). Next: the same as above.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
