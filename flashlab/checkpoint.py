@@ -35,14 +35,11 @@ import torch
 FORMAT = "flashlab-checkpoint"
 VERSION = 1
 KINDS = {      # what each kind holds, said when a file of another kind is given: a phrase without parentheses
-    "lm-training-state": "the whole training state that `python -m flashlab train --resume` continues from, "
-                         "with the model, the optimizer, the RNG and the step",
+    "lm-training-state": "a run of `python -m flashlab train` on associative recall, to continue with --resume",
     "lm-model": "a language model's weights and configuration",
     "tsp-model": "a TSP Attention Model's weights and architecture, which eval-tsp reads",
-    "tsp-training-state": "the whole training state that `python -m flashlab train-tsp --resume` continues from, "
-                          "with the baseline",
-    "documents-training-state": "the whole training state that `python -m flashlab train --task documents "
-                                "--resume` continues from",
+    "tsp-training-state": "a run of `python -m flashlab train-tsp`, with its baseline, to continue with --resume",
+    "documents-training-state": "a run of `python -m flashlab train --task documents`, to continue with --resume",
 }
 # (found, wanted): how to get a usable file from the one given
 CONVERSIONS = {
@@ -50,6 +47,9 @@ CONVERSIONS = {
                                          "{path} --out model.pt`, then evaluate model.pt",
     ("tsp-model", "tsp-training-state"): "give a run's OUT_DIR/checkpoint_last.pt or checkpoint_<step>.pt instead, "
                                          "as this file is evaluated as it is by eval-tsp",
+    ("lm-training-state", "documents-training-state"): "resume it without --task documents, or start a documents run "
+                                                       "without --resume",
+    ("documents-training-state", "lm-training-state"): "resume it with --task documents",
 }
 # How a file torch.save wrote begins: a zip archive (PyTorch ≥ 1.6), or a pickle of protocol ≥ 2
 # (the legacy format). A file that begins otherwise is not a checkpoint at all: refused unread.
