@@ -356,6 +356,7 @@ def _output_notes(args, run, resumed_step) -> list[str]:
     from pathlib import Path
 
     from . import checkpoint
+    from .train import run_held_in
     if run.out_dir is None:
         if "checkpoint_every" in args.given and run.checkpoint_every:
             raise UsageError("--checkpoint-every: checkpoints need a directory; add --out-dir DIR.")
@@ -364,10 +365,11 @@ def _output_notes(args, run, resumed_step) -> list[str]:
     out = Path(run.out_dir)
     last = out / "checkpoint_last.pt"
     if not run.resume:
-        if last.exists():
+        held = run_held_in(out)
+        if held == last.name:
             raise UsageError(f"--out-dir: {out} holds a run already ({last.name}); continue it with --resume {last}, "
                              f"or give another --out-dir (or delete that one first).")
-        if (out / "metrics.csv").exists():       # a run stopped before its first checkpoint: nothing to resume
+        if held:                                 # a run stopped before its first checkpoint: nothing to resume
             raise UsageError(f"--out-dir: {out} holds a run already (metrics.csv, no checkpoint to resume from); "
                              f"give another --out-dir, or delete that one first.")
         return []

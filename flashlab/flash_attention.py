@@ -589,11 +589,12 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x: expected (batch, N, embed_dim={self.embed_dim}), got {got}. "
-                             + ("Add a batch dimension: x.unsqueeze(0)." if isinstance(x, torch.Tensor) and x.dim() == 2
-                                and x.shape[-1] == self.embed_dim else
-                                f"Give {self.embed_dim} features per token (the layer's embed_dim)."))
+            tensor = isinstance(x, torch.Tensor)
+            got = f"shape {tuple(x.shape)}" if tensor else type(x).__name__
+            unbatched = tensor and x.dim() == 2 and x.shape[-1] == self.embed_dim
+            fix = ("Add a batch dimension: x.unsqueeze(0)." if unbatched
+                   else f"Give {self.embed_dim} features per token (the layer's embed_dim).")
+            raise ValueError(f"x: expected (batch, N, embed_dim={self.embed_dim}), got {got}. {fix}")
         B, N, _ = x.shape
         dropout_p = self.dropout if self.training else 0.0
         qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)   # one matmul for q, k and v

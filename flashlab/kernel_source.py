@@ -71,12 +71,13 @@ def _body_start(source: str) -> int:
 _WHOLE_BLOCK_LINES = 8
 
 
-def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str]) -> tuple[set[int], set[int]] | None:
+def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str],
+                     with_block: bool = True) -> tuple[set[int], set[int]] | None:
     """For a match on ``line``: (the 1-based lines of the statement it is part of, the headers of the
     blocks that hold it). The statement is whole (a call written over several lines reads as one); on
-    the header of a block it is the header and the block (whole when short, else its first statement).
-    The headers (``if MASK_IS_BOOL:`` … ``else:``) keep the indentation readable. None when no
-    statement holds the line."""
+    the header of a block it is the header and, ``with_block``, the block (whole when short, else its
+    first statement). The headers (``if MASK_IS_BOOL:`` … ``else:``) keep the indentation readable.
+    None when no statement holds the line."""
     for node in statements:
         if not node.lineno <= line <= node.end_lineno:
             continue
@@ -84,6 +85,8 @@ def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str]) ->
         if not body:                                         # a simple statement: all of its lines
             return set(range(node.lineno, node.end_lineno + 1)), set()
         if line < body[0].lineno:                           # the block's header (``if …:``, ``for …:``)
+            if not with_block:
+                return set(range(node.lineno, body[0].lineno)), set()
             if node.end_lineno - node.lineno < _WHOLE_BLOCK_LINES:
                 return set(range(node.lineno, node.end_lineno + 1)), set()
             return set(range(node.lineno, body[0].end_lineno + 1)), set()
@@ -91,7 +94,7 @@ def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str]) ->
         orelse = getattr(node, "orelse", [])
         for block in (body, orelse, getattr(node, "finalbody", []),
                       *(handler.body for handler in getattr(node, "handlers", []))):
-            inner = _statement_lines(block, line, lines)
+            inner = _statement_lines(block, line, lines, with_block)
             if inner is None:
                 continue
             if block is orelse and orelse and not lines[orelse[0].lineno - 1].lstrip().startswith("elif"):
@@ -102,24 +105,6 @@ def _statement_lines(statements: list[ast.stmt], line: int, lines: list[str]) ->
             return inner[0], header | inner[1]
         return {line}, header                                # a comment line inside the block
     return None
-
-
-def _whole_statement(statements: list[ast.stmt], line: int) -> set[int]:
-    """The 1-based lines of the innermost statement holding ``line`` (of a block: its header alone),
-    so that a context line is never a piece of a call written over several lines."""
-    for node in statements:
-        if node.lineno <= line <= node.end_lineno:
-            body = getattr(node, "body", None)
-            if not body:
-                return set(range(node.lineno, node.end_lineno + 1))
-            if line < body[0].lineno:
-                return set(range(node.lineno, body[0].lineno))
-            for block in (body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
-                          *(handler.body for handler in getattr(node, "handlers", []))):
-                inner = _whole_statement(block, line)
-                if inner != {line} or any(n.lineno <= line <= n.end_lineno for n in block):
-                    return inner
-    return {line}
 
 
 def feature_lines(parts: dict[str, str], *needles: str, context: int = 0) -> str:
@@ -143,7 +128,8 @@ def feature_lines(parts: dict[str, str], *needles: str, context: int = 0) -> str
                 for around in range(min(matched) - context, max(matched) + context + 1):   # context: whole statements
                     if (body < around <= len(lines) and around not in matched
                             and lines[around - 1].strip()[:1] not in ("", "#")):   # not a blank or comment line
-                        hits |= {n - 1 for n in _whole_statement(statements, around)}
+                        context_lines = _statement_lines(statements, around, lines, with_block=False)
+                        hits |= {n - 1 for n in (context_lines[0] if context_lines else {around})}
         for i in sorted(hits):                                  # the comment just above a shown line says why
             while i - 1 >= body and lines[i - 1].lstrip().startswith("#"):
                 i -= 1

@@ -334,14 +334,15 @@ class Trainer:
         """A fresh run (no resume) refuses an out_dir that holds another run, as the command line does:
         its metrics.csv would be cut back to step 0 and checkpoint_last.pt replaced, and the other run's
         checkpoint_<step>.pt files left beside the new run's."""
-        if self._out_dir_is_ours:
-            return
-        held = [name for name in ("checkpoint_last.pt", "metrics.csv") if (out / name).exists()]
+        held = None if self._out_dir_is_ours else run_held_in(out)
         if held:
-            hint = (f"continue it with resume='{out / 'checkpoint_last.pt'}', "
-                    if held[0] == "checkpoint_last.pt" else "")
-            raise ConfigError("out_dir", f"{out} holds a run already ({held[0]}); {hint}give another out_dir, or "
+            hint = f"continue it with resume='{out / held}', " if held == "checkpoint_last.pt" else ""
+            raise ConfigError("out_dir", f"{out} holds a run already ({held}); {hint}give another out_dir, or "
                                          f"delete that one first.")
+
+    def _time_is_up(self) -> bool:
+        """Training has taken run.time_limit_min (0: no limit), counted across resumes."""
+        return bool(self.run.time_limit_min) and self.train_seconds >= 60 * self.run.time_limit_min
 
     @property
     def config(self):
@@ -431,7 +432,7 @@ class Trainer:
             # SIGTERM and SIGINT to every rank, not at the same instant), and rank 0's clock past the time
             # limit (each rank's clock differs); any one makes every rank stop after this step
             asked = self._stop_requests[0] if self._stop_requests else 0
-            time_up = self.rank == 0 and run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min
+            time_up = self.rank == 0 and self._time_is_up()
             votes = torch.tensor([float(asked > 0), float(asked), float(bool(time_up))], device=self.device)
             stats = torch.cat([stats, votes])
             dist.all_reduce(stats)
@@ -526,7 +527,7 @@ class Trainer:
         # one process stops where it was asked to; ranks of a distributed run stop where they all agree, after
         # the step whose all-reduce told each of them (`train_step`), or they would wait for each other forever
         while self.step < run.steps and not (self._ranks_agree_to_stop if self.world > 1 else stop):
-            if self.world == 1 and run.time_limit_min and self.train_seconds >= 60 * run.time_limit_min:
+            if self.world == 1 and self._time_is_up():
                 break
             started = self.clock()
             metrics = self.train_step()
@@ -672,6 +673,12 @@ def _csv_header(path: Path) -> list[str] | None:
         return None
     with path.open(newline="") as f:
         return next(csv.reader(f), None)
+
+
+def run_held_in(out_dir) -> str | None:
+    """The file that shows ``out_dir`` holds a run (checkpoint_last.pt, else metrics.csv: a run stopped before
+    its first checkpoint), or None: what a fresh run refuses to write over (`Trainer.fit`, the command line)."""
+    return next((name for name in ("checkpoint_last.pt", "metrics.csv") if (Path(out_dir) / name).exists()), None)
 
 
 def _truncate_csv(path: Path, step: int) -> None:

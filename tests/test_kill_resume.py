@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from flashlab import checkpoint
@@ -174,25 +175,34 @@ def test_sigkill_at_every_moment_of_a_save_then_resume(tmp_path):
     print("kills (moment, checkpoint_last step after the kill):", kills)
 
 
+# a model small enough that a CPU trains many steps before a signal arrives
+TINY_TRAIN = ["--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
+              "--n-layers", "1", "--device", "cpu", "--attention", "sdpa", "--no-progress"]
+
+
+def _train_until_a_few_steps_are_logged(options, out, env, launcher=()):
+    """``python [launcher…] -m flashlab train options… --out-dir out`` started for a million steps, returned
+    (process, metrics.csv's path) once metrics.csv holds a few rows (or after 120 s)."""
+    process = subprocess.Popen([sys.executable, *launcher, "-m", "flashlab", "train", *options, "--steps", "1000000",
+                                "--out-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") > 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return process, metrics
+
+
 def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
     """Ctrl-C (SIGINT) or SIGTERM (a scheduler's stop) used to lose every step since the last
     periodic checkpoint, SIGINT with a 34-line traceback. Now the run stops after the step it is
     in, saves checkpoint_last.pt, says so at once and again in one line when it stops, and exits with 128 + the
     signal; resuming
     continues from exactly that step, with metrics.csv holding each step once."""
-    import time
-    tiny = ["--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16", "--n-heads", "2",
-            "--n-layers", "1", "--device", "cpu", "--attention", "sdpa", "--no-progress", "--batch-size", "4"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for sig in (signal.SIGINT, signal.SIGTERM):
         out = tmp_path / sig.name
-        process = subprocess.Popen([sys.executable, "-m", "flashlab", "train", *tiny, "--steps", "1000000",
-                                    "--out-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        metrics = out / "metrics.csv"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and metrics.read_text().count("\n") > 3) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        process, metrics = _train_until_a_few_steps_are_logged([*TINY_TRAIN, "--batch-size", "4"], out, env)
         process.send_signal(sig)
         stdout, stderr = process.communicate(timeout=120)
         assert process.returncode == 128 + sig.value, stderr
@@ -213,19 +223,11 @@ def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves(tmp_path)
     """A practitioner's trial: `kill -TERM` to torchrun (which forwards it to each worker) left only
     metrics.csv, since the workers had no stop handler. Now both ranks stop after the same step, rank 0
     saves it, one line says so, and every finished step is in metrics.csv once."""
-    import time
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
-                                "flashlab", "train", "--device", "cpu", "--attention", "sdpa", "--batch-size", "8",
-                                "--seq-len", "16", "--num-pairs", "2", "--vocab-size", "16", "--d-model", "16",
-                                "--n-heads", "2", "--n-layers", "1", "--steps", "1000000", "--no-progress",
-                                "--out-dir", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics.csv"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") > 3) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    process, metrics = _train_until_a_few_steps_are_logged([*TINY_TRAIN, "--batch-size", "8"], out, env,
+                                                           launcher=["-m", "torch.distributed.run",
+                                                                     "--nproc_per_node", "2"])
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     step = checkpoint.load(out / "checkpoint_last.pt").state["step"]

@@ -338,13 +338,8 @@ def _ddp_worker(rank, world, port, config, out):
 def test_ddp_two_processes_match_one_process(tmp_path):
     """Two gloo replicas, each with half of every batch: identical to each other, and equal
     (to float rounding) to one process that sees the whole batch."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = tiny(steps=3)
-    mp.spawn(_ddp_worker, args=(2, port, config, str(tmp_path)), nprocs=2, join=True)
+    _two_ranks(_ddp_worker, (config, str(tmp_path)))
     rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "replicas diverged"
     single = train(*config)
