@@ -106,6 +106,17 @@ def check_fields(config) -> None:
             check_value(f, getattr(config, f.name))
 
 
+class FieldsChecked:
+    """Base of the option dataclasses: each field's value is checked when the config is built
+    (``RunConfig(steps=0)`` raises there, not later when a Trainer is made from it), and again by
+    ``dataclasses.replace``. The checks across fields and against the machine (d_model divisible
+    by n_heads, a visible GPU) stay in each class's ``check()``, run when training starts: a
+    config may be written on one machine for another."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
 def resume_mismatches(config, stored: dict) -> list[str]:
     """One line per "fixed" field whose value differs from the checkpoint's ``stored`` dict."""
     lines = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError, check_fields, option
+from .config import ConfigError, FieldsChecked, check_fields, option
 from .model import CausalTransformer
 from .packing import IGNORE_INDEX, RepeatedPatternDocuments, pack, packed_forward, packed_targets, pad, padded_targets
 from .train import RecallConfig, Trainer
@@ -41,7 +41,7 @@ def _like_recall(name: str, help: str | None = None):
 
 
 @dataclass
-class DocumentsConfig:
+class DocumentsConfig(FieldsChecked):
     """The documents task (`flashlab.packing.RepeatedPatternDocuments`), how its batches are
     laid out, and the causal transformer (learned positions) that learns it."""
 

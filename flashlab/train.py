@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint
-from .config import ConfigError, apply_changes, check_fields, option, resume_mismatches
+from .config import ConfigError, FieldsChecked, apply_changes, check_fields, option, resume_mismatches
 from .mixed_precision import PRECISIONS, get_precision
 from .model import CausalTransformer
 from .tasks import IGNORE_INDEX, AssociativeRecall, lookback
@@ -65,7 +65,7 @@ ATTENTION_HELP = ("auto: flashlab on a GPU (compiled Triton kernels), sdpa on a 
 
 
 @dataclass
-class RunConfig:
+class RunConfig(FieldsChecked):
     """How to train, whatever the task: optimisation and bookkeeping. The defaults suit the
     associative-recall transformer; each task may bring its own (`flashlab.tsp_train.KOOL_RUN`)."""
 
@@ -131,7 +131,7 @@ def no_cuda_graphs(device: str) -> str | None:
 
 
 @dataclass
-class RecallConfig:
+class RecallConfig(FieldsChecked):
     """The associative-recall task (flashlab.tasks) and the causal transformer that learns it."""
 
     seq_len: int = option(64, "tokens per sequence; may change on resume (a curriculum) when positions=rotary",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ConfigError, check_fields, option, resume_mismatches
+from .config import ConfigError, FieldsChecked, check_fields, option, resume_mismatches
 from .model import ATTENTION
 from .train import ATTENTION_HELP, RunConfig, Trainer, TrainingDiverged
 from .tsp import AttentionModel, random_instances, save_model, tour_length
@@ -72,7 +72,7 @@ def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 @dataclass
-class TSPConfig:
+class TSPConfig(FieldsChecked):
     """The task and the Attention Model: Kool et al.'s setup (3 layers, 8 heads, width 128,
     feed-forward 512, tanh clipping 10). Their optimisation (Adam at 1e-4, constant,
     clipping 1.0, batch 512) is `KOOL_RUN`."""

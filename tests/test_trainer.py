@@ -1,6 +1,7 @@
 """The trainer on CPU: precision modes, schedule, accumulation, clipping after unscaling,
 activation checkpointing, resume, the NaN guard, DDP with gloo, and the command line."""
 
+import dataclasses
 import math
 import os
 import signal
@@ -13,6 +14,7 @@ import torch.multiprocessing as mp
 
 from flashlab import checkpoint
 from flashlab.config import ConfigError, apply_changes
+from flashlab.documents_train import DocumentsConfig
 from flashlab.tasks import IGNORE_INDEX, AssociativeRecall, lookback
 from flashlab.train import (
     RecallConfig,
@@ -25,6 +27,7 @@ from flashlab.train import (
     train,
     train_in_phases,
 )
+from flashlab.tsp_train import TSPConfig
 
 TASK = RecallConfig(seq_len=32, num_pairs=4, vocab_size=32, d_model=32, n_layers=2, n_heads=2, attention="sdpa")
 RUN = RunConfig(batch_size=8, steps=4, warmup_steps=2, progress=False, device="cpu")
@@ -301,8 +304,6 @@ def test_a_config_is_checked_by_type_with_or_without_postponed_annotations():
     """A practitioner's own config, in a module without ``from __future__ import annotations``,
     holds the types themselves, not their names: every field used to be taken for a string
     ("dim: 8 is not a string")."""
-    import dataclasses
-
     from flashlab.config import ConfigError, check_fields, field_kind, option
     fields = [("dim", int, option(8, "a width", low=1)), ("rate", float, option(0.5, "a rate", low=0)),
               ("flag", bool, option(False, "a switch")), ("name", str, option("x", "a name")),
@@ -315,6 +316,31 @@ def test_a_config_is_checked_by_type_with_or_without_postponed_annotations():
             check_fields(config(dim="8"))
         with pytest.raises(ConfigError, match="^limit: -1 is out of range"):
             check_fields(config(limit=-1))
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: RunConfig(steps=0), "^steps: 0 is out of range; give a value ≥ 1"),
+    (lambda: RunConfig(precision="fp8"), "^precision: 'fp8' is not one of"),
+    (lambda: RecallConfig(dropout=1.0), "^dropout: 1.0 is out of range"),
+    (lambda: dataclasses.replace(TSPConfig(), n_nodes=2), "^n_nodes: 2 is out of range"),
+    (lambda: DocumentsConfig(packing="tight"), "^packing: 'tight' is not one of")])
+def test_a_bad_value_is_refused_when_the_config_is_built(build, message):
+    """A practitioner's mistake surfaces on the line that makes it, not later when a Trainer is
+    built from the config (elsewhere in their script, or never, for a config only saved)."""
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def test_checks_across_fields_wait_for_training():
+    """What depends on two fields or on the machine is checked by check(), when a Trainer is built: a
+    config may be written on a CPU for a GPU run."""
+    config = RecallConfig(d_model=64, n_heads=3)                  # builds
+    with pytest.raises(ConfigError, match="^n_heads: 3 does not divide d_model=64"):
+        config.check()
+    run = RunConfig(device="cuda", compile="reduce-overhead")    # builds on a CPU too
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="^device: cuda was asked for"):
+            run.check()
 
 
 def test_the_divergence_message_suggests_bf16_only_to_fp16_runs():
