@@ -182,11 +182,14 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _distributed() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
+def _distributed(device: str) -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it. The
+    process group's backend follows the run's device, not the machine: NCCL reduces CUDA tensors
+    only, so a CPU run on a machine with GPUs takes gloo (with NCCL it failed as DDP checked the
+    parameters: "No backend type associated with device type cpu")."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
     if world > 1:
         return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0"))
     return 0, 1, 0
@@ -280,7 +283,7 @@ class Trainer:
         if task.attention == "auto":
             task = dataclasses.replace(task, attention=default_attention(device))
         self.task_config, self.run = task, run
-        self.rank, self.world, local_rank = _distributed()
+        self.rank, self.world, local_rank = _distributed(device)
         self.device = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import assert_close
 from flashlab.flash_attention import attention
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -60,7 +59,8 @@ def cases(draw):
                       for i, s in enumerate(full_mask)][keep:]
     return dict(dtype=dtype, q_shape=q_shape, kv_shape=kv_shape, d=d, d_v=d_v, gqa=gqa, mask_kind=mask_kind,
                 mask_shape=mask_shape, is_causal=draw(st.booleans()) and (mask_kind is None or DEVICE == "cpu"),
-                scale=draw(st.sampled_from([None, None, 0.1, 1.0])), grads=draw(st.integers(0, 9)) < 1)
+                scale=draw(st.sampled_from([None, None, 0.1, 1.0])), grads=draw(st.integers(0, 9)) < 1,
+                seed=draw(st.integers(0, 2**31 - 1)))
 
 
 @pytest.fixture(autouse=True)
@@ -80,14 +80,17 @@ def _seeded(test):
 def _matches_sdpa_in_float64(case):
     ran["examples"] += 1
     dtype, grads = case["dtype"], case["grads"]
-    q = torch.randn(*case["q_shape"], case["d"], device=DEVICE).to(dtype)
-    k = torch.randn(*case["kv_shape"], case["d"], device=DEVICE).to(dtype)
-    v = torch.randn(*case["kv_shape"], case["d_v"], device=DEVICE).to(dtype)
+    # the inputs come from the case's own seed: a failing example replays with the same numbers (drawn from
+    # torch's global generator, a rerun of one case got new inputs, and hypothesis called it flaky)
+    generator = torch.Generator(DEVICE).manual_seed(case["seed"])
+    q = torch.randn(*case["q_shape"], case["d"], device=DEVICE, generator=generator).to(dtype)
+    k = torch.randn(*case["kv_shape"], case["d"], device=DEVICE, generator=generator).to(dtype)
+    v = torch.randn(*case["kv_shape"], case["d_v"], device=DEVICE, generator=generator).to(dtype)
     mask = None
     if case["mask_kind"] == "bool":
-        mask = torch.rand(case["mask_shape"], device=DEVICE) > 0.3
+        mask = torch.rand(case["mask_shape"], device=DEVICE, generator=generator) > 0.3
     elif case["mask_kind"] == "float":
-        mask = torch.randn(case["mask_shape"], device=DEVICE).to(dtype)
+        mask = torch.randn(case["mask_shape"], device=DEVICE, generator=generator).to(dtype)
     kwargs = dict(is_causal=case["is_causal"], scale=case["scale"], enable_gqa=case["gqa"])
     inputs = [q, k, v] + ([mask] if mask is not None and mask.is_floating_point() else [])
     if grads:
@@ -107,7 +110,14 @@ def _matches_sdpa_in_float64(case):
     want = F.scaled_dot_product_attention(*ref_inputs[:3], attn_mask=ref_mask, **ref_kwargs)
     assert out.shape == want.shape and out.dtype == dtype
     tol = TOL[dtype]
-    assert_close(out, want, tol=tol)
+    # the error measured against P·|V| (SDPA with |V|, the same weights), the scale of FlashAttention's error
+    # bound: ‖O‖ alone can be far smaller when V's signs cancel (one query, d_v = 1: an output of 3e-3 from
+    # values of order 1, whose fp16 rounding of 3.5e-5 was "1.2e-2 relative" on an H100)
+    magnitude = F.scaled_dot_product_attention(*ref_inputs[:2], ref_inputs[2].abs(), attn_mask=ref_mask,
+                                               **ref_kwargs)
+    err = float((out.detach().double() - want.detach()).norm())
+    assert err <= tol * float(magnitude.detach().norm()), (f"output: error {err:.3e}, ‖O‖ {float(want.norm()):.3e}, "
+                                                          f"‖P·|V|‖ {float(magnitude.norm()):.3e}, tol {tol:.0e}")
     if grads:
         grad = torch.randn_like(want)
         got = torch.autograd.grad(out, inputs, grad.to(dtype))

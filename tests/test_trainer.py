@@ -352,6 +352,22 @@ def test_the_divergence_message_suggests_bf16_only_to_fp16_runs():
             trainer.fit()
 
 
+def test_the_process_group_backend_follows_the_runs_device(monkeypatch):
+    """A CPU run under torchrun on a machine with GPUs: the backend was NCCL because a GPU was
+    visible, and DDP's first collective on the CPU parameters failed ("No backend type associated
+    with device type cpu", on an H100). gloo for cpu, NCCL for cuda, whatever the machine has."""
+    from flashlab import train as train_module
+    chosen = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(train_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(train_module.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(train_module.dist, "init_process_group", chosen.append)
+    monkeypatch.setattr(train_module.dist, "get_rank", lambda: 0)
+    for device in ("cpu", "cuda"):
+        train_module._distributed(device)
+    assert chosen == ["gloo", "nccl"]
+
+
 def _ddp_worker(rank, world, port, config, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
