@@ -279,10 +279,10 @@ def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_
         if MASK_IS_BOOL:
             valid = valid & (mask_tile != 0)                     # True = takes part
         else:
-            # additive, in base 2. A finite bias past ±FLT_MAX / log2(e) ≈ ±2.36e38 (finfo(float32).min, what
-            # transformers masks with) would overflow to ±inf there, so it saturates first: a row masked
-            # everywhere with finfo.min gives SDPA's uniform weights (the mean of V), not zeros (or NaN for a
-            # huge +bias); −inf entries stay −inf
+            # additive, in base 2. A finite bias past ±FLT_MAX / log2(e) ≈ ±2.36e38 would overflow to ±inf
+            # there, as finfo(float32).min ≈ −3.40e38 (what transformers masks with) does, so it saturates
+            # first: a row masked everywhere with finfo.min gives SDPA's uniform weights (the mean of V), not
+            # zeros (or NaN for a huge +bias); −inf entries stay −inf
             bias = mask_tile.to(tl.float32)
             saturated = tl.minimum(tl.maximum(bias, -2.35e38), 2.35e38) * 1.4426950408889634
             s = s + tl.where(bias == -float("inf"), -float("inf"), saturated)
