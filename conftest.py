@@ -241,7 +241,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not names or not _collected:
         return                                  # a run without exercise tests prints no table
     tr = terminalreporter
-    tr.section(f"exercise progress ({selected_impl(config)}/)")
+    impl = selected_impl(config)
+    tr.section(f"exercise progress ({impl}/)")
+    # each exercise's state after its last whole run, kept in pytest's cache (.pytest_cache/), so that a
+    # table of one exercise (make test-ex) still says where the others stood
+    cache = getattr(config, "cache", None)                    # None under -p no:cacheprovider
+    history = cache.get(f"flashlab/exercise_states/{impl}", {}) if cache is not None else {}
     counts: Counter = Counter()
     partial = 0
     for name in names:
@@ -253,7 +258,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if state != "not run" and (_deselected[name] or name in _named_tests or ran < len(ids)):
             partial += 1
             note = f"  (partial run: only {ran} of its tests ran)"
+        elif state == "not run" and name in history:
+            note = f"  (last whole run: {history[name]})"
+        elif state != "not run":
+            history[name] = state
         tr.write_line(f"  {name:<32} {state}{note}")
+    if cache is not None:
+        cache.set(f"flashlab/exercise_states/{impl}", history)
     line = (f"exercises: {counts['passed']} passed, {counts['failed']} failed, "
             f"{counts['not started']} not started")
     for extra in ("in progress", "skipped", "not run"):

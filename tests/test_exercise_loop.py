@@ -17,10 +17,12 @@ def _learner_checkout(tmp_path, *paths):
         shutil.copy(ROOT / path, tmp_path / path)
 
 
-def _pytest(tmp_path, *args):
-    """pytest in the copy, flashlab imported from this checkout (PYTHONPATH), the exercises from the copy."""
+def _pytest(tmp_path, *args, cache=False):
+    """pytest in the copy, flashlab imported from this checkout (PYTHONPATH), the exercises from the copy;
+    pytest's cache (.pytest_cache/ in the copy) only with ``cache``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *args],
+    no_cache = [] if cache else ["-p", "no:cacheprovider"]
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", *no_cache, "-o", "addopts=", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -73,3 +75,24 @@ def test_the_progress_table_is_the_same_on_one_process_and_on_xdist_workers(tmp_
         ["ex03_online_softmax", "in", "progress"],
         ["exercises:", "0", "passed,", "1", "failed,", "1", "not", "started,", "1", "in", "progress"]], serial
     assert tables[2] == serial, (serial, tables[2])
+
+
+def test_a_table_of_one_exercise_says_where_the_others_stood(tmp_path):
+    """A learner's trial: after a whole run, `make test-ex EX=02` printed every other exercise as "not run",
+    as if the work on them were gone. Each exercise's state after its last whole run is kept in pytest's
+    cache, and a run that leaves it out says so beside "not run"; a partial run does not overwrite it."""
+    _learner_checkout(tmp_path, "tests/test_ex01_naive_attention.py", "tests/test_ex02_fused_softmax.py",
+                      "tests/padded_launch.py", "exercises/ex02_fused_softmax.py")
+    shutil.copy(ROOT / "solutions/ex01_naive_attention.py", tmp_path / "exercises/ex01_naive_attention.py")
+    quick = ("--tb=no", "-p", "no:nbval", "-p", "no:xdist")                # 3 s less per run
+    whole = _pytest(tmp_path, *quick, "tests", cache=True)                 # ex01 passes, ex02 is the stub
+    assert [line.split()[:2] for line in _progress_table(whole.stdout)[:2]] == [
+        ["ex01_naive_attention", "passed"], ["ex02_fused_softmax", "not"]], whole.stdout[-3000:]
+    (tmp_path / "exercises/ex01_naive_attention.py").write_text("")       # every ex01 test fails now
+    part = _pytest(tmp_path, *quick, "tests/test_ex01_naive_attention.py", "-k", "causal", cache=True)
+    assert " ".join(_progress_table(part.stdout)[0].split()).startswith(
+        "ex01_naive_attention failed (partial run: only"), part.stdout[-3000:]
+    one = _pytest(tmp_path, *quick, "tests/test_ex02_fused_softmax.py", cache=True)
+    table = [" ".join(line.split()) for line in _progress_table(one.stdout)]
+    assert table[:2] == ["ex01_naive_attention not run (last whole run: passed)",   # not the partial run's
+                         "ex02_fused_softmax not started"], table
