@@ -394,7 +394,7 @@ def flash_forward_kernel(
     # which B·H passes easily (8192 TSP instances × 8 heads); dim 0 allows 2³¹ − 1.
     num_m = tl.cdiv(n_q, BLOCK_M)
     start_m = tl.program_id(0) % num_m
-    if IS_CAUSAL:  # the longest programs (last query blocks) first: a better-filled last wave
+    if IS_CAUSAL:  # each head's longest programs (last query blocks) first, meant to fill the last wave better
         start_m = num_m - 1 - start_m
     zh = tl.program_id(0) // num_m
     z, h = zh // H, zh % H
