@@ -32,6 +32,23 @@ TOLERANCE = {
 TF32_TOLERANCE = 3e-3
 
 
+
+def tf32_nearest(x: torch.Tensor) -> torch.Tensor:
+    """fp32 → TF32 (10 of fp32's 23 mantissa bits), rounded to nearest even as cuBLAS rounds, Inf/NaN
+    kept; returned as float32. A reference for the kernels' TF32 path (`flash_triton._round_to_tf32`),
+    independent of Triton: adding just under half of the 13 dropped bits, plus the last kept bit, then
+    clearing them rounds to nearest with ties to even."""
+    bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF     # the bits, unsigned
+    special = (bits & 0x7F800000) == 0x7F800000
+    rounded = torch.where(special, bits, (bits + ((bits >> 13) & 1) + 0xFFF) & 0xFFFFE000)
+    return torch.where(rounded >= 2**31, rounded - 2**32, rounded).to(torch.int32).view(torch.float32)
+
+
+def tf32_truncated(x: torch.Tensor) -> torch.Tensor:
+    """fp32 → TF32 by dropping the 13 low mantissa bits (toward zero), as Hopper's tensor cores read raw
+    fp32 operands; returned as float32."""
+    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
 def _to_float64(t: torch.Tensor) -> torch.Tensor:
     # on its own device: float64 is exact enough anywhere, and a GPU computes the
     # reference for N = 16384 in seconds where a CPU takes minutes

@@ -61,3 +61,17 @@ def test_autotune_choices_counts_each_kernel_and_shape():
     assert autotune_choices({"autotune": log}) == {("forward", 64, True): {"a": 2, "b": 1},
                                                    ("dq", 128, False): {"c": 1}}
     assert autotune_choices({"rows": []}) == {}
+
+
+def test_tuned_entries_key_each_kernels_unmasked_shapes():
+    from flashlab.benchmarks.analysis import tuned_entries
+    forward = {"key": ["forward", "cuda:0", "torch.bfloat16", 64, True, False, False, 1, 512, 512, 512],
+               "chosen": "a", "ms": {"a": 0.1, "b": 0.2}}
+    masked = {"key": ["forward", "cuda:0", "torch.bfloat16", 64, True, True, False, 1, 512, 512, 512],
+              "chosen": "b", "ms": {"a": 0.3, "b": 0.2}}
+    dq = {"key": ["dq", "cuda:0", "torch.float16", 128, False, False, False, 1, 1024, 1024, 256], "chosen": "c",
+          "ms": {"c": 0.5}}
+    record = {"autotune": [forward, masked, dq]}
+    assert tuned_entries(record) == {(512, 64, True, "torch.bfloat16"): forward}      # the masked run left out
+    assert tuned_entries(record, "dq") == {(1024, 128, False, "torch.float16"): dq}
+    assert tuned_entries({"rows": []}) == {}

@@ -6,7 +6,6 @@ the truncated product. (On an H200, 2026-12-03, before this rounding: flashlab's
 error 1.5e-3 against PyTorch TF32's 4.2e-4; a float64 emulation of truncation gives 1.48e-3.)"""
 
 import flashlab  # noqa: F401, I001  (first: the interpreter on a CPU-only machine)
-import numpy as np
 import pytest
 import torch
 import triton
@@ -14,21 +13,8 @@ import triton.language as tl
 
 from flashlab import flash_launch
 from flashlab.flash_triton import _round_to_tf32
-from flashlab.reference import rel_error
+from flashlab.reference import rel_error, tf32_nearest, tf32_truncated
 from flashlab.runtime import kernel_for
-
-
-def tf32_nearest(x: torch.Tensor) -> torch.Tensor:
-    """fp32 → TF32, round to nearest even, Inf/NaN kept (numpy, as an independent reference)."""
-    bits = x.float().numpy().view(np.uint32).astype(np.uint64)
-    special = (bits & 0x7F800000) == 0x7F800000
-    rounded = (bits + ((bits >> 13) & 1) + 0xFFF) & 0xFFFFE000
-    out = np.where(special, bits, rounded & 0xFFFFFFFF).astype(np.uint32)
-    return torch.from_numpy(out.view(np.float32).copy())
-
-
-def tf32_truncated(x: torch.Tensor) -> torch.Tensor:
-    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
 @triton.jit

@@ -124,3 +124,13 @@ def autotune_choices(record: dict) -> dict:
         counts = choices.setdefault((kernel, head_dim, causal), {})
         counts[entry["chosen"]] = counts.get(entry["chosen"], 0) + 1
     return choices
+
+
+def tuned_entries(record: dict, kernel: str = "forward") -> dict:
+    """(N, D, causal, dtype) → the tuning log's entry for ``kernel`` at that shape, without mask or dropout:
+    its "chosen" configuration and "ms", each candidate's launch alone timed by the tuner (no
+    ``flashlab.attention`` around it), from the record ``python -m flashlab bench`` stores."""
+    return {(entry["key"][8], entry["key"][3], entry["key"][4], entry["key"][2]): entry
+            for entry in record.get("autotune", [])
+            if entry["key"][0] == kernel and not any(entry["key"][5:7])}
+
