@@ -85,7 +85,10 @@ def exercise(request):
         for attr, value in list(vars(module).items()):
             if isinstance(value, JITFunction):
                 setattr(module, attr, kernel_for(value, "cpu"))
+    from tests.hints import mark_unwritten_kernels
+    mark_unwritten_kernels(module, name)         # a kernel still `pass`: "not started", not a wrong output
     return module
+
 
 
 class _FilledAllocations:
@@ -205,8 +208,10 @@ def pytest_runtest_makereport(item, call):
         return
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
         report.outcome = "skipped"
+        reason = str(call.excinfo.value)
         report.longrepr = (str(item.fspath), item.location[1] or 0,
-                           f"not started: implement it in exercises/{name}.py")
+                           f"not started: {reason}" if "exercises/" in reason
+                           else f"not started: implement it in exercises/{name}.py")
         report.user_properties.append(NOT_STARTED)
 
 

@@ -30,11 +30,13 @@ whole backward, so the limit is a budget of Nk × padded D: 8192 elements for 2-
 registers a thread at 8 warps, beside the BLOCK_M × BLOCK_N score tiles. Nq is held to
 the same limit: one program walks all of a head's queries, so a long Nq would leave the GPU
 idle where the general path spreads query blocks over programs.
-FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape).
+FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape); `general_kernels()`
+does so for a ``with`` block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -107,6 +109,23 @@ def enabled(device_type: str = "cpu") -> bool:
     results/README.md). `device_type` is unused since; callers pass it in case a device needs its
     own default again."""
     return os.environ.get("FLASHLAB_SMALL_PATH", "1") != "0"
+
+
+@contextlib.contextmanager
+def general_kernels():
+    """FLASHLAB_SMALL_PATH=0 inside the ``with`` block, restored after it: every shape runs the
+    tiled kernels of `flashlab.flash_triton`, none this path (flashlab reads the switch on every
+    call, so the block takes effect at once). Notebooks 05 and 06 check the tiled kernels with it
+    at sizes that would otherwise take this path; the GPU measurements time the "before" with it."""
+    before = os.environ.get("FLASHLAB_SMALL_PATH")
+    os.environ["FLASHLAB_SMALL_PATH"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FLASHLAB_SMALL_PATH"]
+        else:
+            os.environ["FLASHLAB_SMALL_PATH"] = before
 
 
 def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:

@@ -76,9 +76,14 @@ def run_padded(kernel, grid, args, kwargs, fill_for, extra_reach: int = 0):
 def the_jit_function(kernel):
     """The @triton.jit function under the tests' wrappers (PaddedLaunch, then the interpreted twin):
     what a learner's module holds outside the tests. Skips the test under TRITON_INTERPRET=1, where
-    every kernel is interpreted however it is launched."""
+    every kernel is interpreted however it is launched; raises NotImplementedError for a kernel whose
+    body is still `pass`."""
     from triton.runtime.jit import JITFunction
+
+    from tests.hints import UnwrittenKernel
     while not isinstance(kernel, JITFunction) and hasattr(kernel, "kernel"):
+        if isinstance(kernel, UnwrittenKernel):
+            kernel.refuse()       # its body is still `pass`: "not started", as the launches report it
         kernel = kernel.kernel
     if not isinstance(kernel, JITFunction):
         import pytest

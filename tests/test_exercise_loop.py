@@ -1,6 +1,7 @@
 """The exercise loop as a learner meets it: what `pytest tests/test_exNN_….py` says about a file
 Python cannot read (conftest.py's `exercise` fixture)."""
 
+import ast
 import os
 import shutil
 import subprocess
@@ -96,3 +97,28 @@ def test_a_table_of_one_exercise_says_where_the_others_stood(tmp_path):
     table = [" ".join(line.split()) for line in _progress_table(one.stdout)]
     assert table[:2] == ["ex01_naive_attention not run (last whole run: passed)",   # not the partial run's
                          "ex02_fused_softmax not started"], table
+
+
+def test_a_kernel_still_pass_under_a_written_launcher_is_not_started(tmp_path):
+    """A Triton kernel cannot raise NotImplementedError as the other stubs do: a learner who wrote
+    vector_add's launcher but not add_kernel's body saw 13 failures ("200 of 200 elements differ").
+    The fixture now launches such a kernel as a NotImplementedError naming it: those tests say "not
+    started", the launcher's own test passes, and the table says "in progress". Once the body is
+    written, a wrong one fails as before."""
+    _learner_checkout(tmp_path, "tests/test_ex00_vector_add.py", "tests/padded_launch.py")
+    solution = (ROOT / "solutions/ex00_vector_add.py").read_text()
+    tree = ast.parse(solution)
+    kernel = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "add_kernel")
+    lines = solution.splitlines()
+    indent = " " * kernel.body[0].col_offset
+    lines[kernel.body[0].lineno - 1:kernel.body[-1].end_lineno] = [f'{indent}"""(not written yet)"""', f"{indent}pass"]
+    exercise = tmp_path / "exercises/ex00_vector_add.py"
+    exercise.write_text("\n".join(lines) + "\n")
+    quick = ("-rs", "--tb=no", "-p", "no:nbval", "-p", "no:xdist")
+    done = _pytest(tmp_path, *quick, "tests/test_ex00_vector_add.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "add_kernel's body is still the stub's `pass`: write it in exercises/ex00_vector_add.py" in done.stdout
+    assert " ".join(_progress_table(done.stdout)[0].split()) == "ex00_vector_add in progress", done.stdout[-3000:]
+    exercise.write_text("\n".join(lines).replace(f'{indent}pass', f"{indent}tl.store(out_ptr, 0.0)") + "\n")
+    wrong = _pytest(tmp_path, *quick, "tests/test_ex00_vector_add.py")
+    assert wrong.returncode == 1 and "not started:" not in wrong.stdout, wrong.stdout[-3000:]

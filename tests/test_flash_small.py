@@ -5,6 +5,7 @@ On a CPU the kernels run in Triton's interpreter (fp32; fp16 computed in fp32 th
 same tests run compiled on a GPU, where bf16 is checked too."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,25 @@ def test_switched_off_by_the_environment(monkeypatch, paths):
     assert not flash_small.applies(20, 20, 16, torch.bfloat16)
     _check(2, 2, 2, 20, 20, 16, False)
     assert paths == {"forward": 0, "backward": 0}
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_general_kernels_turns_the_path_off_for_its_block_and_restores_the_switch(before, monkeypatch, paths):
+    """Inside the block every shape runs the general kernels; after it (an exception included)
+    the switch is as it was: unset stays unset, "1" stays "1"."""
+    if before is None:
+        monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
+    else:
+        monkeypatch.setenv("FLASHLAB_SMALL_PATH", before)
+    with flash_small.general_kernels():
+        _check(1, 2, 2, 20, 20, 16, True)
+    assert paths == {"forward": 0, "backward": 0}
+    assert os.environ.get("FLASHLAB_SMALL_PATH") == before
+    with pytest.raises(RuntimeError, match="inside"), flash_small.general_kernels():
+        raise RuntimeError("inside the block")
+    assert os.environ.get("FLASHLAB_SMALL_PATH") == before
+    _check(1, 2, 2, 20, 20, 16, True)
+    assert paths == {"forward": 1, "backward": 1}
 
 
 def test_the_limits_per_head_dim_and_dtype(monkeypatch):
