@@ -159,6 +159,9 @@
 #   (the session's one later call that started was taken back before it finished; refusals spent the rest, so the
 #   fixes are verified on the CPU only; test_deterministic now also runs at N = 150, the tiled kernels, which no GPU
 #   run has checked yet: the H100 branch below runs it)
+# 2026-12-07 (second session): h200-in-one-call now ends with small_host_time --quick after the defaults' table, so
+#   notebook 09's breakdown and table come from one machine and code: copy OUT/defaults/thin/small_host_time.json to
+#   results/h200/small_host_time_thin.json with the table's record.
 # Earlier sessions' phases follow.
 set -u
 phase=$1 out=$2
@@ -524,16 +527,20 @@ elif [ "$phase" = h200-in-one-call ]; then
   # session (results/h100/gpu_suite_row_shared_default_2026-12-06/), so they are left out here
   if ! grep -q H200 "$out/gpu.txt"; then echo "not an H200: nothing run"; exit 0; fi
   roofline_peaks
-  timeout 200 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
-    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 170 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
+  timeout 180 python -m measurements.small_graphs "$out" --sections choices encoder_tiles --choice-d 16 \
+    --choice-n 100 50 20 --tsp-nodes 100 50 20 --budget-s 150 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
   mkdir -p "$out/d32_d64" "$out/defaults"
-  timeout 130 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
-    --choice-n 100 50 20 --budget-s 100 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
+  timeout 120 python -m measurements.small_graphs "$out/d32_d64" --sections choices --choice-d 32 64 \
+    --choice-n 100 50 20 --budget-s 90 > "$out/d32_d64/small_graphs.log" 2>&1; tail -n 8 "$out/d32_d64/small_graphs.log"
   python -m measurements.small_defaults results/h200/small_graphs_choices.json "$out/small_graphs.json" \
     "$out/d32_d64/small_graphs.json" || exit 1
   cp flashlab/tuned/small_path/*.json "$out/defaults/"
-  timeout 230 python -m measurements.small_graphs "$out/defaults" --sections correctness table tsp_encoder \
-    --budget-s 190 > "$out/defaults/small_graphs.log" 2>&1; tail -n 16 "$out/defaults/small_graphs.log"
+  timeout 200 python -m measurements.small_graphs "$out/defaults" --sections correctness table tsp_encoder \
+    --budget-s 165 > "$out/defaults/small_graphs.log" 2>&1; tail -n 16 "$out/defaults/small_graphs.log"
+  # notebook 09's breakdown of an eager call, from the same machine and code as the table above (2026-12-07: the
+  # recorded breakdown and table came from different runs and code)
+  timeout 75 python -m measurements.small_host_time "$out/defaults/thin" --quick --shapes 20x16,50x16,100x16 \
+    --calls 200 > "$out/defaults/small_host_time_thin.log" 2>&1; tail -n 4 "$out/defaults/small_host_time_thin.log"
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
