@@ -230,7 +230,7 @@ rl4co_step() {   # SECONDS: the carried wheels (.whl/) installed to /tmp/site, t
   grep -v Warning "$out/rl4co_step.log" | tail -n 8
 }
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > "$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
   timeout 400 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" \
     --durations=15 > "$out/gpu_tests_attention.log" 2>&1; tail -n 25 "$out/gpu_tests_attention.log"
