@@ -38,13 +38,14 @@ test: install
 
 ## test-ex: one exercise's tests against your exercises/, e.g. make test-ex EX=03 (EX=03b for 03b)
 # --tb=short: a failure shows the failing lines and the message with its hint, not every helper's
-# source and the tensors in its locals.
+# source and the tensors in its locals. -rs (test-ex only): why each test was skipped, e.g. "not started:
+# add_kernel's body is still the stub's `pass`" (make progress would print that for every exercise).
 # These only need the venv to exist (make lab / make install made it); they never (re)install.
 NEED_VENV = @test -x $(BIN)/python || { echo "$(VENV)/: no virtual environment yet; run make install (or make lab) first"; exit 2; }
 test-ex:
 	$(NEED_VENV)
 	@ls tests/test_ex$(EX)_*.py >/dev/null 2>&1 || { echo "EX=$(EX): no tests/test_ex$(EX)_*.py; say e.g. make test-ex EX=03 (or EX=03b)"; exit 2; }
-	$(BIN)/python -m pytest -q --tb=short tests/test_ex$(EX)_*.py
+	$(BIN)/python -m pytest -q -rs --tb=short tests/test_ex$(EX)_*.py
 
 ## progress: every exercise's tests against your exercises/ (IMPL=solutions: the answers), then the table
 IMPL ?= exercises

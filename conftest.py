@@ -28,7 +28,7 @@ ROOT = Path(__file__).parent
 IMPLEMENTATIONS = ("exercises", "solutions")
 WHOLE_TABLE_COMMAND = "make progress"
 
-_outcome: dict[str, str] = {}                                 # test id -> passed / failed / not started / skipped
+_outcome: dict[str, str] = {}          # test id -> passed / failed / not started / launcher written / skipped
 _collected: dict[str, list[str]] = defaultdict(list)          # exercise -> test ids this run selected
 _deselected: Counter = Counter()                              # exercise -> tests left out by -k / -m / --deselect
 _named_tests: set[str] = set()                                # exercises given as file::test on the command line
@@ -197,6 +197,7 @@ def pytest_testnodedown(node, error):
 
 
 NOT_STARTED = ("flashlab", "not started")                    # marks a report in user_properties (xdist sends them)
+LAUNCHER_WRITTEN = ("flashlab", "launcher written")           # … and its own code reached an unwritten kernel
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -213,6 +214,21 @@ def pytest_runtest_makereport(item, call):
                            f"not started: {reason}" if "exercises/" in reason
                            else f"not started: implement it in exercises/{name}.py")
         report.user_properties.append(NOT_STARTED)
+        if _launched_by_the_exercise(call.excinfo, name):
+            report.user_properties.append(LAUNCHER_WRITTEN)
+
+
+def _launched_by_the_exercise(excinfo, name: str) -> bool:
+    """An unwritten kernel (tests.hints.KernelNotWritten) launched from the exercise's own code, its
+    launcher: that much is written, so the exercise is in progress. Not when a test launched the
+    kernel itself, nor for a launcher's own ``raise NotImplementedError``."""
+    from tests.hints import KernelNotWritten
+    if not excinfo.errisinstance(KernelNotWritten):
+        return False
+    if excinfo.value.launcher_written:          # set by a test that ran the learner's launcher to its end
+        return True
+    return any(Path(str(entry.path)).name == f"{name}.py" and Path(str(entry.path)).parent.name in IMPLEMENTATIONS
+               for entry in excinfo.traceback)
 
 
 def pytest_runtest_logreport(report):
@@ -220,7 +236,7 @@ def pytest_runtest_logreport(report):
     if _exercise_of_path(report.nodeid.partition("::")[0]) is None:
         return
     if NOT_STARTED in report.user_properties:
-        _outcome[report.nodeid] = "not started"
+        _outcome[report.nodeid] = "launcher written" if LAUNCHER_WRITTEN in report.user_properties else "not started"
     elif report.outcome == "failed":
         _outcome[report.nodeid] = "failed"                    # setup, call or teardown
     elif report.when == "call":
@@ -236,6 +252,8 @@ def exercise_state(test_ids: list[str], outcomes: dict[str, str]) -> str:
         return "not run"
     if "failed" in seen:
         return "failed"
+    if "launcher written" in seen:               # a test reached an unwritten kernel through the learner's code
+        return "in progress"
     if "not started" in seen:
         return "in progress" if "passed" in seen else "not started"
     return "passed" if "passed" in seen else "skipped"

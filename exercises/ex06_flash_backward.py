@@ -14,6 +14,9 @@ Two kernels, each output tile written by exactly one program (no atomics, determ
 `dkdv_kernel` keeps K_j, V_j on chip and streams the query blocks; `dq_kernel` keeps Q_i,
 dO_i on chip and streams the key blocks.
 
+One kernel at a time: while one of them is still ``pass``, the gradient tests check the other's
+gradients alone (dK and dV, or dQ) and then report the test as not started, naming the kernel left.
+
 Test: ``make test-ex EX=06`` (or ``.venv/bin/python -m pytest tests/test_ex06_flash_backward.py``)
 """
 

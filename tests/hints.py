@@ -100,9 +100,17 @@ def kernel_is_unwritten(jit_function) -> bool:
     return all(isinstance(statement, ast.Pass) for statement in body)
 
 
-def unwritten_kernel_error(kernel_name: str, exercise_name: str) -> NotImplementedError:
-    return NotImplementedError(f"{kernel_name}'s body is still the stub's `pass`: write it in "
-                               f"exercises/{exercise_name}.py")
+class KernelNotWritten(NotImplementedError):
+    """An exercise kernel launched while its body is still ``pass`` (conftest.py reports the test as
+    not started, and the exercise as in progress when the learner's launcher made the launch, or
+    when ``launcher_written`` says so: a test that checked the other kernels through it)."""
+
+    launcher_written = False
+
+
+def unwritten_kernel_error(kernel_name: str, exercise_name: str) -> KernelNotWritten:
+    return KernelNotWritten(f"{kernel_name}'s body is still the stub's `pass`: write it in "
+                            f"exercises/{exercise_name}.py")
 
 
 class UnwrittenKernel:
@@ -110,6 +118,8 @@ class UnwrittenKernel:
     NotImplementedError as the other stubs do, so launching this one does, and the test is reported
     as "not started" instead of failing on an output nothing wrote. ``.kernel`` is what it wraps
     (the tests' `the_jit_function` unwraps it); ``kernel_for`` passes it through unchanged."""
+
+    launches_nothing = False      # a test sets it (monkeypatch) to check another kernel's outputs alone
 
     def __init__(self, kernel, kernel_name: str, exercise_name: str):
         self.kernel, self._names = kernel, (kernel_name, exercise_name)
@@ -121,11 +131,20 @@ class UnwrittenKernel:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.refuse()
+            if not self.launches_nothing:
+                self.refuse()
         return launch
 
     def refuse(self):
         raise unwritten_kernel_error(*self._names)
+
+
+def unwritten_under(kernel) -> "UnwrittenKernel | None":
+    """The `UnwrittenKernel` under the tests' wrappers of ``kernel`` (each keeps what it wraps in
+    ``.kernel``), or None when the kernel is written."""
+    while kernel is not None and not isinstance(kernel, UnwrittenKernel):
+        kernel = getattr(kernel, "kernel", None) if not isinstance(kernel, type) else None
+    return kernel
 
 
 def mark_unwritten_kernels(module, exercise_name: str) -> None:
@@ -136,6 +155,8 @@ def mark_unwritten_kernels(module, exercise_name: str) -> None:
     except ImportError:
         return
     for attr, value in list(vars(module).items()):
+        if isinstance(value, UnwrittenKernel):                  # marked by an earlier test (the module is cached)
+            continue
         jit_function = getattr(value, "kernel", value)          # the CPU's interpreted twin wraps it
         if isinstance(jit_function, JITFunction) and getattr(jit_function.fn, "__module__", None) == module.__name__ \
                 and kernel_is_unwritten(jit_function):

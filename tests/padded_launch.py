@@ -1,12 +1,15 @@
-"""Exercise kernels launched on copies of their tensors placed at the start of larger buffers, so
-that a load or store past the end of a tensor lands in memory the test owns (Triton's interpreter
-reads and writes the addresses it computes: a store past the end of an output aborts pytest).
-Used by the ex00 and ex02 tests, each with its own check of what lies around the tensors."""
+"""Exercise kernels launched on copies of their tensors placed inside larger buffers, so that a load
+or store outside a tensor lands in memory the test owns (Triton's interpreter reads and writes the
+addresses it computes: a store past the end of an output aborts pytest, and `make progress` prints
+no table). The ex00, ex02 and ex05b tests check what lies around the tensors their own way;
+`launch_guarded` is the general check, for ex05 and ex06."""
 
 import inspect
 import math
 
 import torch
+
+from tests.hints import require
 
 
 class PaddedLaunch:
@@ -52,22 +55,28 @@ def written_outside(buffer, inside, fill) -> int:
     return (buffer[~inside] != fill).sum().item()
 
 
+def _span(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to its last, strides included."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+
+
 def run_padded(kernel, grid, args, kwargs, fill_for, extra_reach: int = 0):
     """Launches ``kernel`` with each tensor argument copied into a buffer filled with
-    ``fill_for(name)`` and ``reach`` elements longer (`bind`'s, plus ``extra_reach``: a 2-D tile
-    of rows × columns hangs over a tensor's end by up to a tile, more than a 1-D offset);
+    ``fill_for(name)``, ``reach`` elements on either side of it: `bind`'s, plus ``extra_reach`` (a
+    2-D tile of rows × columns hangs over a tensor's end by up to a tile, more than a 1-D offset),
+    plus the largest tensor's span (a pointer built with another tensor's base or strides, e.g. L
+    indexed as O: the slip a learner's ex05 made, whose store then aborted pytest);
     {name: (tensor, fill, buffer, inside, copy)}, ``inside`` True on the copy's elements."""
     names, bound, reach = bind(kernel, grid, args, kwargs)
-    reach += extra_reach
+    tensors = {name: t for name, t in bound.items() if isinstance(t, torch.Tensor)}
+    reach += extra_reach + max((_span(t) for t in tensors.values()), default=0)
     copies = {}
-    for name, t in bound.items():
-        if isinstance(t, torch.Tensor):
-            fill = fill_for(name)
-            span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
-            buffer = _buffer(span + reach, fill, t.dtype, t.device)
-            inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
-            inside.as_strided(t.shape, t.stride()).fill_(True)
-            copies[name] = (t, fill, buffer, inside, buffer.as_strided(t.shape, t.stride()).copy_(t))
+    for name, t in tensors.items():
+        fill = fill_for(name)
+        buffer = _buffer(reach + _span(t) + reach, fill, t.dtype, t.device)
+        inside = torch.zeros(buffer.shape, dtype=torch.bool, device=t.device)
+        inside.as_strided(t.shape, t.stride(), reach).fill_(True)
+        copies[name] = (t, fill, buffer, inside, buffer.as_strided(t.shape, t.stride(), reach).copy_(t))
     kernel[grid](*[copies[n][4] if n in copies else a for n, a in zip(names, args)],
                  **{n: copies[n][4] if n in copies else a for n, a in kwargs.items()})
     return copies
@@ -98,3 +107,31 @@ def not_through_kernel_for(launcher: str, kernel: str, err: Exception) -> Assert
         f"{str(err).rstrip('.')}. Launch it through kernel_for({kernel}, x.device)[grid](…), as the stub's "
         f"import says: it runs the kernel in Triton's interpreter for CPU tensors. The other tests pass either "
         f"way because the test fixture has already replaced {kernel} by its interpreted twin")
+
+
+AROUND_INPUTS, AROUND_OUTPUTS = 0.0, 7.0    # what lies around each tensor in `launch_guarded`: a value no store writes
+                                            # around outputs; zeros around inputs (loads past a ragged end read
+                                            # what the unpadded tensors' neighbours would hold: a finite value)
+
+
+def launch_guarded(outputs, kernel, grid, args, kwargs, tile_extent: int = 0) -> None:
+    """``kernel[grid](*args, **kwargs)`` on padded copies (`run_padded`), copied back; fails, naming the
+    kernel and the tensor, if it stored outside any tensor. ``outputs``: the names of the kernel's
+    output pointers (``{"O", "L"}``). Use as ``PaddedLaunch(kernel, functools.partial(launch_guarded, outputs))``."""
+    bound = bind(kernel, grid, args, kwargs)[1]
+    tile = max(int(bound.get("BLOCK_M", 1)), int(bound.get("BLOCK_N", 1))) * int(bound.get("HEAD_DIM", 1))
+    copies = run_padded(kernel, grid, args, kwargs,
+                        lambda name: AROUND_OUTPUTS if name in outputs else AROUND_INPUTS, extra_reach=tile)
+    problems = []
+    name_of_kernel = getattr(getattr(kernel, "fn", None), "__name__", "the kernel")
+    for name, (t, fill, buffer, inside, copy) in copies.items():
+        t.copy_(copy)
+        written = int((buffer[~inside] != fill).sum())
+        if written:
+            where = "output" if name in outputs else "input"
+            problems.append(
+                f"{name_of_kernel} stored {written} value{'s' * (written != 1)} outside {name} (an {where}, shape "
+                f"{tuple(t.shape)}, {t.numel()} elements): mask each store to the rows that exist where a block "
+                f"hangs over the end (e.g. mask=offs_m[:, None] < n_q), and build each pointer from its own tensor's "
+                f"base and strides (L is one value per query row: head·N + offs_m, not head·N·D + offs_m)")
+    require(not problems, "; ".join(problems))

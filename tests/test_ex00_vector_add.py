@@ -16,7 +16,7 @@ import torch
 import triton
 
 from flashlab.vector_add import vector_add as package_vector_add
-from tests.hints import require
+from tests.hints import UNWRITTEN, require
 from tests.padded_launch import (
     SIGNALLING_NAN,
     PaddedLaunch,
@@ -52,15 +52,16 @@ def _launch_padded(kernel, grid, args, kwargs):
         written = written_outside(buffer, inside, fill)
         if written:
             problems.append(
-                f"add_kernel stored {written} elements past the end of {name.removesuffix('_ptr')} "
-                f"({t.numel()} elements, n = {bound.get('n')}): mask the store, tl.store(out_ptr + offsets, x + y, "
+                f"add_kernel stored {written} element{'s' * (written != 1)} past the end of "
+                f"{name.removesuffix('_ptr')} ({t.numel()} element{'s' * (t.numel() != 1)}, n = {bound.get('n')}): "
+                "mask the store, tl.store(out_ptr + offsets, x + y, "
                 "mask=offsets < n), so that the last program, which hangs over the end, writes only elements < n")
     if any("invalid value" in str(w.message) for w in caught):
         problems.append(
             "add_kernel loaded past the end of x or y (here a signalling NaN lies there, and the kernel added it): "
             "mask every load, tl.load(x_ptr + offsets, mask=offsets < n) and the same for y, since the memory "
             "after element n − 1 is not yours to read")
-    assert not problems, "; ".join(problems)
+    require(not problems, "; ".join(problems))
 
 
 @pytest.fixture
@@ -90,9 +91,12 @@ def _assert_sum(out, x, y, block, what="vector_add(x, y)"):
         elif covered == 0 and len(wrong) == n:
             hint = (f". No element was written: with n = {n} < block = {block}, a grid of n // block = 0 programs "
                     "launches nothing; launch triton.cdiv(n, block) programs (the last one masked)")
+        got = out[first].item()
+        unwritten_note = (f": {UNWRITTEN}, the tests' fill of new tensors, so nothing wrote there"
+                          if got == UNWRITTEN else "")
         raise AssertionError(
             f"{what} with n = {n}, block = {block}: {len(wrong)} of {n} elements differ from x + y, the first at "
-            f"index {first} (got {out[first].item()}, expected {want[first].item()}){hint}")
+            f"index {first} (got {got}{unwritten_note}; expected {want[first].item()}){hint}")
 
 
 def test_kernel_stores_nothing_past_the_end(exercise):

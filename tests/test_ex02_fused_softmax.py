@@ -114,7 +114,10 @@ def test_masked_entries_and_fully_masked_rows(exercise):
     x[0, ::2] = float("-inf")      # half the row masked
     x[2] = float("-inf")           # a row with nothing left
     y = exercise.softmax(x)
-    require(torch.isfinite(y).all(), "a fully masked row must give zeros, not NaN")
+    require(torch.isfinite(y).all(),
+            "a fully masked row must give zeros, not NaN. In a row of only −inf the max is −inf too, and "
+            "x − max = −inf − (−inf) = NaN: subtract a finite max there (e.g. tl.where(m == -float('inf'), 0.0, m)), "
+            "so e^(x − m) = 0 everywhere, and divide by a sum of 0 only where it is not 0")
     assert torch.all(y[2] == 0) and torch.all(y[0, ::2] == 0)
     keep = torch.ones(4, dtype=torch.bool)
     keep[2] = False

@@ -1,6 +1,7 @@
 """Tests for exercise 05 (flash-attention forward kernel, non-causal, N a multiple of the
 block). On a CPU they run in Triton's interpreter, so the sizes are small."""
 
+import functools
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 from tests.hints import known_mistake, unwritten
+from tests.padded_launch import PaddedLaunch, launch_guarded
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 tl.dot runs exact in the interpreter but through TF32 tensor cores on a GPU
@@ -16,6 +18,12 @@ TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16
 
 RESCALE_HINT = ("\nhint: if only sequences of one key block pass, check the rescale of the accumulator "
                 "by alpha = exp(m_old − m_new) when the running max changes")
+NO_SCALE_HINT = ("\nhint: the output is attention with unscaled scores, softmax(Q Kᵀ) V: multiply the scores by "
+                 "`scale` (1/√D unless given), S = Q Kᵀ · scale, before the running max")
+SCALE_TWICE_HINT = ("\nhint: the output is attention with its scores scaled twice, softmax(Q Kᵀ · scale²) V: "
+                    "multiply by `scale` once")
+IGNORED_SCALE_HINT = ("\nhint: the output is attention with the default scale 1/√D, not the `scale` passed: "
+                      "use the argument when it is given")
 LOG2E_HINT = ("\nhint: the output is softmax(S·ln 2) V, attention with its scores scaled by ln 2: exp2 needs "
               "S·log2(e) (2^(x·log2 e) = e^x), so multiply the scores by log2(e) before exp2")
 OVERFLOW_HINT = ("\nhint: inf or NaN: e^S overflows fp32 once S > ln(fp32 max) ≈ 88.7; exponentiate S − m "
@@ -24,6 +32,15 @@ MAX_INIT_HINT = ("\nhint: NaN in rows whose every score is far below 0: e^(S −
                  "≈ −88 (−103 with subnormals), so ℓ = 0 and O = 0/0, unless m is the row's true running max. Start "
                  "it at −inf, m_i = tl.full([BLOCK_M], -float(\"inf\"), tl.float32), not at 0 (tl.zeros), and "
                  "update m' = max(m, rowmax S)")
+
+
+@pytest.fixture
+def exercise(exercise, monkeypatch):
+    """conftest.py's `exercise`, the kernel launched on padded copies of its tensors (`launch_guarded`): a store
+    outside O or L is named, instead of aborting pytest."""
+    monkeypatch.setattr(exercise, "flash_forward_kernel",
+                        PaddedLaunch(exercise.flash_forward_kernel, functools.partial(launch_guarded, {"O", "L"})))
+    return exercise
 
 
 def _check_lse(lse, q, k, tol):
@@ -45,7 +62,8 @@ def _check_lse(lse, q, k, tol):
 def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HINT):
     """assert_close of O against float64 attention, with a hint where the failure has the
     signature of a known mistake: inf/NaN (``nonfinite_hint``), the output of attention with the
-    scores scaled by ln 2 (exp2 without log2 e), or (N > one key block) a missing rescale."""
+    scores scaled by ln 2 (exp2 without log2 e), or by another scale (none, twice, the default in
+    place of the one passed), or (N > one key block) a missing rescale."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
@@ -61,6 +79,13 @@ def _out_hint(out, q, k, v, tol, block, scale, nonfinite_hint) -> str:
         return nonfinite_hint
     if rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
         return LOG2E_HINT
+    default = q.shape[-1] ** -0.5
+    signatures = [(1.0, NO_SCALE_HINT), (scale * scale, SCALE_TWICE_HINT), (default, IGNORED_SCALE_HINT)]
+    for wrong_scale, hint in signatures:     # the output of attention with another scale: which one tells the slip
+        if math.isclose(wrong_scale, scale):
+            continue
+        if rel_error(out, reference_attention(q, k, v, scale=wrong_scale)) <= tol:
+            return hint
     if k.shape[-2] > block:      # the rescale only matters from the second key block on
         return RESCALE_HINT
     return ""
