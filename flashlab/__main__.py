@@ -309,7 +309,7 @@ def _tsp_train_options(p) -> None:
 _NOT_ADOPTED = {"resume", "device", "progress"}
 # A GPU run's settings that a resume without a GPU does not take (each: the value, and why, said in
 # one line): CUDA graphs cannot replay, and the kernels would run in Triton's interpreter (hours for
-# a few steps).
+# a few steps). A run that trained on a CPU keeps its attention: flashlab there was a choice.
 _GPU_SETTINGS = {
     "attention": ("flashlab", " (sdpa here), as {why} and flashlab's kernels would run in Triton's interpreter; "
                               "give --attention flashlab to keep them"),
@@ -320,7 +320,8 @@ _GPU_SETTINGS = {
 def _adopt_from_checkpoint(args, task, run, kind):
     """On resume the run continues as it was: every setting not given on the command line is the
     checkpoint's (model, task, seed, precision, and also batch size, learning rate, schedule, …),
-    except this machine's (`_NOT_ADOPTED`, and a compile of reduce-overhead where no GPU runs it).
+    except this machine's (`_NOT_ADOPTED`, a compile of reduce-overhead where no GPU runs it, and a
+    GPU run's flashlab attention where no GPU runs its kernels).
     Given settings override the free ones (one line says what changed) and must equal the fixed
     ones (checked by the Trainer)."""
     from . import checkpoint
@@ -330,6 +331,10 @@ def _adopt_from_checkpoint(args, task, run, kind):
     stored = saved.config if isinstance(saved.config, dict) else {}
     configs, changed = [], []
     why = no_cuda_graphs(run.device)
+    metadata = saved.metadata if isinstance(saved.metadata, dict) else {}
+    state = saved.state if isinstance(saved.state, dict) else {}
+    # the device it trained on: recorded since 2026-12-07; before, a CUDA RNG state means a GPU was there
+    trained_on_gpu = (metadata["device"] == "cuda" if "device" in metadata else state.get("rng_cuda") is not None)
     for config, key in ((task, "task"), (run, "run")):
         names = {f.name for f in dataclasses.fields(config)} - _NOT_ADOPTED
         adopt = {name: value for name, value in stored.get(key, {}).items()
@@ -339,6 +344,8 @@ def _adopt_from_checkpoint(args, task, run, kind):
         changed += [f"{name} {stored[key][name]} → {getattr(config, name)}" for name in given
                     if name in stored.get(key, {}) and name != "steps" and stored[key][name] != getattr(config, name)]
         for name, (value, because) in _GPU_SETTINGS.items():
+            if name == "attention" and not trained_on_gpu:
+                continue                               # chosen for a CPU run: kept, as every other setting
             if adopt.get(name) == value and why:      # like the device, a setting of the machine
                 del adopt[name]
                 changed.append(f"{name} {value} → {getattr(config, name)}{because.format(why=why)}")

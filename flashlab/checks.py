@@ -78,6 +78,9 @@ def check_attention_inputs(
             _fail(name, "is a nested tensor; the kernels take dense tensors",
                   "For sequences of different lengths pass them packed to flashlab.varlen_attention "
                   "(rows of every sequence with cu_seqlens), or pad them and pass an attn_mask.")
+        if t.layout != torch.strided:
+            _fail(name, f"has layout {t.layout}; the kernels take dense (strided) tensors",
+                  f"Pass {name}.to_dense().")
         if t.dim() < 2:
             _fail(name, f"expected at least 2 dimensions (..., N, D), got shape {tuple(t.shape)}",
                   f"Add the sequence dimension, e.g. {name}.unsqueeze(0).")
@@ -163,6 +166,10 @@ def check_attention_inputs(
         if not isinstance(attn_mask, torch.Tensor):
             _fail("attn_mask", f"expected a torch.Tensor or None, got {type(attn_mask).__name__}",
                   "Pass a boolean (True = take part) or float (added to scores) tensor.")
+        if attn_mask.is_nested or attn_mask.layout != torch.strided:
+            kind = "a nested tensor" if attn_mask.is_nested else f"layout {attn_mask.layout}"
+            _fail("attn_mask", f"is {kind}; the kernels read a dense (strided) mask",
+                  "Pass attn_mask.to_dense() (a nested batch: pad it, and mask the padding).")
         # SDPA's rule: bool, the query's dtype, or float32 beside any query dtype (the kernels and the
         # PyTorch path add a float mask to the scores in float32, so it is never rounded to fp16/bf16)
         if attn_mask.dtype not in (torch.bool, q.dtype) and not (sdpa_semantics and attn_mask.dtype == torch.float32):

@@ -157,7 +157,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             (SDPA's CUDA kernels give zeros for such a row; its fused CPU kernel gives Nk times
             these gradients.) A whole row shifted by a large finite amount (−1e9 on every key) is
             outside what fp32 keeps: output and gradients are those of SDPA's own fp32 math, as
-            far from float64's.
+            far from float64's. NaN and +inf in a float mask are not looked for (that would be a
+            pass over the mask per call): the kernels take a NaN as a masked key and spread a row
+            over its +inf keys equally, where SDPA, and flashlab's PyTorch path, give NaN.
         dropout_p: probability of dropping each attention weight (survivors are scaled by
             1/(1 − p)), as in SDPA: pass 0.0 in evaluation. 1.0 drops every weight (zeros, on
             the PyTorch path), as in SDPA. The kernels' mask comes from an
@@ -390,10 +392,13 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
             and (attn_mask is None or type(attn_mask) is torch.Tensor)
             and type(dropout_p) in (float, int) and (scale is None or type(scale) in (float, int))
             and (window is None or (type(window) is tuple and all(type(w) is int for w in window)))):
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-               None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
-               dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, q.is_cpu and _cpu_tile_limit())
-        plan = _PLANS.get(key)
+        try:                # (free in Python ≥ 3.11 unless raised)
+            key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                   None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
+                   dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, q.is_cpu and _cpu_tile_limit())
+        except RuntimeError:     # a nested tensor has no .shape: the checks below say so in one line
+            key = None
+        plan = _PLANS.get(key) if key is not None else None
         if plan is not None:
             return plan
     if transformed and torch._C._is_tracing():
@@ -413,6 +418,8 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
 def _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
               compiling, transformed, eager, key) -> _Plan:
     """`_call_plan`'s work when the signature is new: the checks, then the decisions."""
+    if any(isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided) for t in (q, k, v)):
+        _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)   # one line: nested, sparse
     # the checks and decisions below see q, k, v as the call will use them (GQA's heads are not broadcast,
     # so the repeats can be read before the expansion)
     broadcast, kv_repeats = _leading_broadcast(q, k, v, enable_gqa), _gqa_kv_repeats(q, k, v, enable_gqa)

@@ -61,5 +61,6 @@ def count_interpreted(tiles: int, stacklevel: int = 3) -> None:
             f"flashlab.attention has now run {_interpreted_tiles:,} tiles of its Triton kernels in Triton's "
             "interpreter on the CPU, milliseconds of Python each: hundreds of times slower than SDPA on the same "
             "CPU. That is how the course shows the kernels without a GPU; to run a model on a CPU at PyTorch's "
-            "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding). Said once.",
+            "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding, for masks "
+            "without NaN or +inf). Said once.",
             InterpreterWarning, stacklevel=stacklevel)

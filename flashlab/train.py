@@ -567,7 +567,8 @@ class Trainer:
         if self.rank != 0:
             return
         config = {"task": dataclasses.asdict(self.task_config), "run": dataclasses.asdict(self.run)}
-        checkpoint.save(paths, self.checkpoint_kind, config, self.state())
+        # the device the run trained on (cpu or cuda): a resume elsewhere tells a GPU run's settings from a choice
+        checkpoint.save(paths, self.checkpoint_kind, config, self.state(), metadata={"device": self.device.type})
 
     def load(self, path) -> None:
         """Restore a training state saved by `save`, after checking that it comes from the same

@@ -456,8 +456,10 @@ def test_a_gpu_runs_cuda_graphs_are_not_taken_on_a_cpu_resume(tmp_path, capsys):
     assert main([*TINY_TSP, "--steps", "2", "--out-dir", str(out)]) == 0
     last = out / "checkpoint_last.pt"
     saved = checkpoint.load(last)                   # as if trained on a GPU with CUDA graphs and the kernels
+    assert saved.metadata == {"device": "cpu"}
     saved.config["run"]["compile"] = "reduce-overhead"
     saved.config["task"]["attention"] = "flashlab"
+    saved.metadata["device"] = "cuda"
     checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
     capsys.readouterr()
     assert main(["train-tsp", "--resume", str(last), "--steps", "3", "--device", "cpu", "--no-progress"]) == 0
@@ -476,6 +478,27 @@ def test_a_gpu_runs_cuda_graphs_are_not_taken_on_a_cpu_resume(tmp_path, capsys):
     checkpoint.save(last, saved.kind, saved.config, saved.state, saved.metadata)
     assert main(["export-tsp", "--checkpoint", str(last), "--out", str(tmp_path / "am.pt")]) == 0
     assert load_model(tmp_path / "am.pt")[1]["compile"] == "reduce-overhead"
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_cpu_run_with_flashlab_attention_keeps_it_on_resume(recorded, tmp_path, capsys):
+    """A practitioner's trial: train --attention flashlab on a CPU, stopped, then --resume: the resume switched
+    to sdpa ("as no GPU was found"), a rule meant for a GPU run's kernels, though flashlab had been chosen for
+    this CPU run. A checkpoint records the device it trained on; one written before that (``recorded``
+    False) tells by its CUDA RNG state, None where no GPU was there."""
+    from flashlab import checkpoint
+
+    out = tmp_path / "run"
+    assert main([*TINY_TSP, "--steps", "1", "--attention", "flashlab", "--device", "cpu", "--out-dir", str(out)]) == 0
+    last = out / "checkpoint_last.pt"
+    if not recorded:
+        saved = checkpoint.load(last)
+        checkpoint.save(last, saved.kind, saved.config, saved.state)      # no metadata, as before 2026-12-07
+    capsys.readouterr()
+    assert main(["train-tsp", "--resume", str(last), "--steps", "2", "--device", "cpu", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "attention" not in said.split("\n")[0], said
+    assert checkpoint.load(last).config["task"]["attention"] == "flashlab"
 
 
 @pytest.mark.parametrize("gpu", [False, True])

@@ -1078,6 +1078,23 @@ def test_a_nested_tensor_is_named_with_what_to_use():
         attention(nested, nested, nested)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_strided_nested_and_sparse_inputs_are_named_in_one_line():
+    """A practitioner's trial: the strided nested layout (torch.nested's default) failed inside PyTorch
+    ("NestedTensorImpl doesn't support sizes"), a sparse query or mask inside .contiguous(); each is
+    now named, with what to pass instead."""
+    nested = torch.nested.nested_tensor([torch.randn(2, 5, 16), torch.randn(2, 7, 16)])     # layout torch.strided
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"^query: is a nested tensor.*varlen_attention"):
+        attention(nested, nested, nested)
+    with pytest.raises(ValueError, match=r"^key: is a nested tensor"):
+        attention(q, nested, q)
+    with pytest.raises(ValueError, match=r"^query: has layout torch.sparse_coo.*query.to_dense\(\)"):
+        attention(q.to_sparse(), q, q)
+    with pytest.raises(ValueError, match=r"^attn_mask: is layout torch.sparse_coo.*attn_mask.to_dense\(\)"):
+        attention(q, q, q, attn_mask=torch.ones(8, 8).to_sparse())
+
+
 def _neg_view(shape):
     """A float32 tensor carrying PyTorch's negative bit, as the public API makes one: the imaginary
     part of a conjugate. Its storage holds the values unnegated."""
