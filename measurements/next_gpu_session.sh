@@ -492,6 +492,12 @@ elif [ "$phase" = h200-targets-or-all-tests ]; then
   # 560 s: at 400 the first H100 run of 2026-12-07 was cut near its end and printed no summary (-v names each result)
   timeout -s INT -k 20 560 python -m pytest -q -v -p no:cacheprovider -o addopts= -n 8 tests -rfE --tb=short \
     > "$out/all_tests.log" 2>&1; grep -E "^(FAILED|ERROR)" "$out/all_tests.log" | tail -n 20; tail -n 2 "$out/all_tests.log"
+elif [ "$phase" = h200-targets-short ]; then
+  # 2026-12-07 (second session), for the budget's last 9 minutes: h200-targets without the launch choices (~5.5 min)
+  if ! grep -q H200 "$out/gpu.txt"; then echo "not an H200: nothing run"; exit 0; fi
+  roofline_peaks
+  timeout 300 python -m measurements.small_graphs "$out" --sections table tsp_encoder encoder_tiles \
+    --tsp-nodes 100 50 20 --budget-s 260 > "$out/small_graphs.log" 2>&1; tail -n 20 "$out/small_graphs.log"
 elif [ "$phase" = h200-targets ]; then
   # 2026-12-06 (seventh session), for a budget refusals ate into: on an H200 issue 19's targets first, with the
   # launches flashlab ships (roofline peaks; the table of forward+backward against SDPA's backends at N = 20-128, D = 16
