@@ -56,12 +56,31 @@ def _launch_padded(kernel, grid, args, kwargs):
                 f"{name.removesuffix('_ptr')} ({t.numel()} element{'s' * (t.numel() != 1)}, n = {bound.get('n')}): "
                 "mask the store, tl.store(out_ptr + offsets, x + y, "
                 "mask=offsets < n), so that the last program, which hangs over the end, writes only elements < n")
-    if any("invalid value" in str(w.message) for w in caught):
+    if _read_a_signalling_nan(caught):
+        which = " and ".join(_loaded_past_the_end(kernel, grid, args, kwargs)) or "x or y"
         problems.append(
-            "add_kernel loaded past the end of x or y (here a signalling NaN lies there, and the kernel added it): "
+            f"add_kernel loaded past the end of {which} (here a signalling NaN lies there, and the kernel added it): "
             "mask every load, tl.load(x_ptr + offsets, mask=offsets < n) and the same for y, since the memory "
             "after element n − 1 is not yours to read")
     require(not problems, "; ".join(problems))
+
+
+def _read_a_signalling_nan(caught) -> bool:
+    return any("invalid value" in str(w.message) for w in caught)
+
+
+def _loaded_past_the_end(kernel, grid, args, kwargs) -> list[str]:
+    """Which of x and y the kernel loaded past the end of: it runs again with the signalling NaN after one of
+    them at a time (7.0, a finite value, after the other), on copies."""
+    culprits = []
+    for pointer in ("x_ptr", "y_ptr"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_padded(kernel, grid, args, kwargs,
+                       lambda name, _pointer=pointer: SIGNALLING_NAN if name == _pointer else PAST_END_FILL)
+        if _read_a_signalling_nan(caught):
+            culprits.append(pointer.removesuffix("_ptr"))
+    return culprits
 
 
 @pytest.fixture
