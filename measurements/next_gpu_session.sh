@@ -159,6 +159,9 @@
 #   (the session's one later call that started was taken back before it finished; refusals spent the rest, so the
 #   fixes are verified on the CPU only; test_deterministic now also runs at N = 150, the tiled kernels, which no GPU
 #   run has checked yet: the H100 branch below runs it)
+# 2026-12-07 (second session): one H100 call (h200-targets-or-fixes: the fixed tests passed, results/h100/
+#   gpu_fixes_2026-12-07/); every H200 request refused, some costing 90-180 s of budget. Next, on an H200 only:
+#   h200-targets (or h200-targets-short for a budget under 9 minutes), then h200-in-one-call, then rl4co-and-suite.
 # 2026-12-07 (second session): h200-in-one-call now ends with small_host_time --quick after the defaults' table, so
 #   notebook 09's breakdown and table come from one machine and code: copy OUT/defaults/thin/small_host_time.json to
 #   results/h200/small_host_time_thin.json with the table's record.
