@@ -90,7 +90,6 @@ def exercise(request):
     return module
 
 
-
 class _FilledAllocations:
     """An exercise module's ``torch``: the real module, except that ``empty``, ``empty_like`` and
     ``empty_strided`` fill new floating-point tensors with ``tests.hints.UNWRITTEN`` (their contents are

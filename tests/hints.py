@@ -88,16 +88,21 @@ def backward_mistake(name: str, got: torch.Tensor, q, k, v, grad_out, is_causal:
     return ""
 
 
+def body_without_docstring(fn: ast.FunctionDef) -> list:
+    """A function's statements after its docstring."""
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return body
+
+
 def kernel_is_unwritten(jit_function) -> bool:
     """A ``@triton.jit`` function whose body (docstring aside) is still only the stub's ``pass``."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(jit_function.fn)))
     except (OSError, TypeError, SyntaxError):
         return False
-    body = tree.body[0].body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return all(isinstance(statement, ast.Pass) for statement in body)
+    return all(isinstance(statement, ast.Pass) for statement in body_without_docstring(tree.body[0]))
 
 
 class KernelNotWritten(NotImplementedError):
@@ -106,11 +111,6 @@ class KernelNotWritten(NotImplementedError):
     when ``launcher_written`` says so: a test that checked the other kernels through it)."""
 
     launcher_written = False
-
-
-def unwritten_kernel_error(kernel_name: str, exercise_name: str) -> KernelNotWritten:
-    return KernelNotWritten(f"{kernel_name}'s body is still the stub's `pass`: write it in "
-                            f"exercises/{exercise_name}.py")
 
 
 class UnwrittenKernel:
@@ -135,8 +135,13 @@ class UnwrittenKernel:
                 self.refuse()
         return launch
 
-    def refuse(self):
-        raise unwritten_kernel_error(*self._names)
+    def refuse(self, before: str = "", launcher_written: bool = False):
+        """Raise `KernelNotWritten` naming this kernel, after ``before`` (what the test found right)."""
+        kernel_name, exercise_name = self._names
+        error = KernelNotWritten(f"{before}{kernel_name}'s body is still the stub's `pass`: write it in "
+                                 f"exercises/{exercise_name}.py")
+        error.launcher_written = launcher_written
+        raise error
 
 
 def unwritten_under(kernel) -> "UnwrittenKernel | None":

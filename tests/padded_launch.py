@@ -114,14 +114,18 @@ AROUND_INPUTS, AROUND_OUTPUTS = 0.0, 7.0    # what lies around each tensor in `l
                                             # what the unpadded tensors' neighbours would hold: a finite value)
 
 
-def launch_guarded(outputs, kernel, grid, args, kwargs, tile_extent: int = 0) -> None:
+def tile_reach(kernel, grid, args, kwargs) -> int:
+    """How far an attention kernel's 2-D tile can hang over a tensor's end: the larger block times D."""
+    bound = bind(kernel, grid, args, kwargs)[1]
+    return max(int(bound.get("BLOCK_M", 1)), int(bound.get("BLOCK_N", 1))) * int(bound.get("HEAD_DIM", 1))
+
+
+def launch_guarded(outputs, kernel, grid, args, kwargs) -> None:
     """``kernel[grid](*args, **kwargs)`` on padded copies (`run_padded`), copied back; fails, naming the
     kernel and the tensor, if it stored outside any tensor. ``outputs``: the names of the kernel's
     output pointers (``{"O", "L"}``). Use as ``PaddedLaunch(kernel, functools.partial(launch_guarded, outputs))``."""
-    bound = bind(kernel, grid, args, kwargs)[1]
-    tile = max(int(bound.get("BLOCK_M", 1)), int(bound.get("BLOCK_N", 1))) * int(bound.get("HEAD_DIM", 1))
-    copies = run_padded(kernel, grid, args, kwargs,
-                        lambda name: AROUND_OUTPUTS if name in outputs else AROUND_INPUTS, extra_reach=tile)
+    copies = run_padded(kernel, grid, args, kwargs, lambda name: AROUND_OUTPUTS if name in outputs else AROUND_INPUTS,
+                        extra_reach=tile_reach(kernel, grid, args, kwargs))
     problems = []
     name_of_kernel = getattr(getattr(kernel, "fn", None), "__name__", "the kernel")
     for name, (t, fill, buffer, inside, copy) in copies.items():

@@ -8,7 +8,7 @@ import torch
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 from tests.hints import require, unwritten
-from tests.padded_launch import PaddedLaunch, bind, run_padded
+from tests.padded_launch import PaddedLaunch, run_padded, tile_reach
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16: 3e-3}
@@ -42,10 +42,8 @@ STORED_NOTHING = 7.0
 def _launch_padded(kernel, grid, args, kwargs):
     """flash_forward_kernel on copies of its tensors at the start of larger buffers, copied back; fails if it
     stored past the end of O or L."""
-    bound = bind(kernel, grid, args, kwargs)[1]
-    tile = max(int(bound.get("BLOCK_M", 1)), int(bound.get("BLOCK_N", 1))) * int(bound.get("HEAD_DIM", 1))
     copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, STORED_NOTHING),
-                        extra_reach=tile)
+                        extra_reach=tile_reach(kernel, grid, args, kwargs))
     problems = []
     for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)

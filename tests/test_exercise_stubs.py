@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hints import body_without_docstring
+
 ROOT = Path(__file__).parents[1]
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 pytestmark = pytest.mark.skipif(not IN_CI, reason="checks the shipped stubs; runs only in CI (CI=true)")
@@ -29,13 +31,6 @@ def _is_jit(fn: ast.FunctionDef) -> bool:
     return any("jit" in ast.unparse(d) for d in fn.decorator_list)
 
 
-def _body_without_docstring(fn: ast.FunctionDef):
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    return body
-
-
 def test_there_are_exercises():
     assert EXERCISES, "exercises/ holds no exNN_*.py module"
 
@@ -46,7 +41,7 @@ def test_exercise_is_still_a_stub(name):
     assert functions, f"exercises/{name}.py defines no function"
     for fn in functions:
         assert ast.get_docstring(fn), f"{name}.{fn.name} needs a docstring stating its contract"
-        body = _body_without_docstring(fn)
+        body = body_without_docstring(fn)
         if _is_jit(fn):  # a Triton kernel stub cannot raise; its body must be empty
             assert all(isinstance(s, ast.Pass) for s in body), f"{name}.{fn.name} is not a stub"
             continue
