@@ -1,171 +1,20 @@
 #!/usr/bin/env bash
-# The GPU session's calls (each under 10 minutes on an H200):
-#   bash measurements/next_gpu_session.sh check OUT
-#       the GPU attention tests (every autotuning candidate of every kernel vs float64, the
-#       1-D grid, the backward's unmasked fast path), then compiled-kernel resources
-#       (registers, spills, shared memory) of every candidate, for issue 5's analysis;
-#   bash measurements/next_gpu_session.sh bench OUT DTYPE...
-#       the benchmark sweep (N = 512 … 16384) with autotuning: 7.5 minutes for both dtypes before
-#       the three dK/dV candidates added last; give one dtype per call to stay under 10 minutes;
-#   bash measurements/next_gpu_session.sh mqar OUT
-#       issue 7's long-context run: MQAR at N = 128 (large batches), 2048 and 65536 (sparse queries);
-#   bash measurements/next_gpu_session.sh mqar-seed1-and-check OUT
-#       the same with seed 1 and shorter phases, then the GPU tests for what time is left.
-# 2026-12-03: the GPU tests ran for 235 s after the seed-1 long-context run and passed 77 of
-# about 82 (every autotuning candidate, the new dK/dV ones included; the last few in file
-# order, dropout and > 65535 batch·heads, were cut off: results/h200/
-# gpu_tests_attention_2026-12-03_partial.log). Not yet timed on a GPU: the new dK/dV
-# candidates in a sweep, the launch path without autograd, the tuner's decision file: bench.
+# One GPU call's work, by phase: bash measurements/next_gpu_session.sh PHASE OUT (OUT: the device's $OUT).
+# Each phase fits one call (under 10 minutes); each says above its code what it runs and why. The history of
+# the calls, what each found and what came next, is measurements/GPU_SESSIONS.md; the records, results/README.md.
 #
-# Next session (after 2026-12-03's second, which ran the ladder twice, the property, dense-window
-# and TF32 tests, notebook 10's window section, small_graphs and a host-time profile), in order:
-#   bash measurements/next_gpu_session.sh verify OUT     issue 17 and 21: the GPU tests with the Hopper
-#       path on by default (dispatch from flashlab.attention, every layout), the TF32 tests after
-#       the operand rounding (accuracy within 3x PyTorch's TF32), 8 pytest workers (~6 min)
-#   bash measurements/next_gpu_session.sh small OUT      issue 19: small_graphs again, now with the
-#       TSP step compiled (torch.compile mode reduce-overhead) beside eager, 10 timed steps (~8 min)
-#   then, if the compiled step pays: the retraining (train-tsp --compile reduce-overhead), TSP50
-#       16 min across two calls (--resume), TSP20 8 min: a session of its own.
-# After the third session of 2026-12-03 (step-and-verify, then the compiled TSP retraining, cut by
-# the 10-minute limit: results/README.md), one call does what is left:
-#   bash measurements/next_gpu_session.sh verify-and-resume OUT   issues 17, 19, 21: the GPU tests
-#       (last time 97 failed from the interpreter leak fixed since; -n 8 took 97 s), then TSP50
-#       resumed from checkpoints/tsp50_training_state.pt to 16 minutes of training (6.1 more; the
-#       metrics-CSV fix makes that about 7 minutes of wall time), exported and evaluated on 10,000
-#       instances. Eight files come back: copy them to results/h200/tsp/ and checkpoints/.
-#   bash measurements/next_gpu_session.sh compiled-steps OUT   issue 19: the encoder step (target
-#       ≥ 1.1× SDPA) and the whole TSP step, eager and compiled, the general path compiled beside
-#       the small one (whether the small path should be on by default on a GPU)
-# After 2026-12-04 (verify-and-resume, compiled-steps, finish, small-path-correct, small-table: all
-# recorded; the small path then became the GPU default, ahead of the Hopper kernels), next:
-#   bash measurements/next_gpu_session.sh verify OUT          the GPU suite with the new default, and the
-#       small path's own tests (the -k filter of the suite leaves them out), ~5 min
-#   bash measurements/next_gpu_session.sh compiled-steps OUT  the encoder step on the small path now
-#       (issue 19's encoder target), ~8 min
-#   then a TSP50 retraining on the small path (tsp_train_h200.sh with TSP_TRAIN_OPTS="--compile
-#   reduce-overhead"), and TSP100 (issue 19's stretch)
-# After the second session of 2026-12-04 (verify, host-and-encoder, direct-table-encoder, choices-and-thin,
-# defaults-verify: all recorded; the direct launch and the D = 16 tiles changed the small path), next:
-#   bash measurements/next_gpu_session.sh suite-and-choices OUT   the whole GPU suite after those two
-#       changes, then the small kernels' launch choices at D = 32 and 64 (~8 min)
-#   bash measurements/next_gpu_session.sh tsp100-first OUT        issue 19's stretch: TSP100 on the small
-#       path, step compiled, the first 8 minutes of training (~9.5 min); carry runs/tsp100/ back from OUT
-#   bash measurements/next_gpu_session.sh tsp100-second OUT       resumed to 16 minutes, exported,
-#       evaluated on 10,000 instances (~9.5 min)
-# The third session of 2026-12-04 had no GPU. Eager small-path calls now take their own autograd.Function
-# (flash_small.SmallAttention; flashlab's per-call Python 48.7-48.9 -> 39.0-40.2 µs on the course's CPU,
-# results/cpu/python_layers_*.json). First, then the three above:
-#   bash measurements/next_gpu_session.sh eager-host OUT   its tests on the GPU (bit-identical to the
-#       general route, bf16 too) and the day's drop-in fixes' tests, the per-call Python with the kernels
-#       removed, the eager pieces with the general route beside the new one, the table and the encoder
-#       step (~7 min)
-# 2026-12-05 (no GPU either): RL4CO, the routing library, trains with sdpa_fn=flashlab.attention (tests/test_rl4co.py).
-# Its own REINFORCE step on the H200, SDPA against flashlab, is the article's claim measured in that library:
-#   bash measurements/next_gpu_session.sh rl4co-wheels .     HERE, not there: rl4co and what it needs that the GPU
-#       machine lacks, for its Python 3.12 and PyTorch 2.11 (torchrl 0.12 / tensordict 0.12 pair with 2.11), into .whl/
-#       (git-ignored; 3.7 MB)
-#   bash measurements/next_gpu_session.sh rl4co OUT          there, with carry=[".whl"]: the steps/s at 20, 50, 100
-#       cities, batch 512, bf16 (~4 min)
-# 2026-12-05 (GPU after three refusals): eager-host, rl4co-and-suite, tsp100-single and a resume of it to 13 minutes ran
-# (results/README.md). Next, in order:
-#   bash measurements/next_gpu_session.sh tsp100-finish OUT   TSP100 from checkpoints/tsp100_training_state.pt (13.0 min)
-#       to 16, exported, evaluated on 10,000 instances (~6 min with the compile)
-#   bash measurements/next_gpu_session.sh rl4co-and-suite OUT with carry=[".whl"]: RL4CO's step with the fp32 tour check
-#       and 7 rounds of 10 steps, then the GPU suite for the rest
-#   bash measurements/next_gpu_session.sh suite-and-choices OUT
-# 2026-12-05 (third session): first, issue 19's two open targets, the D = 16 and 32 launch choices and the encoder at
-# 100 cities (1.094x against 1.1x):
-#   bash measurements/next_gpu_session.sh tiles OUT   the small kernels' launch choices at D = 16 (now with 2-warp tiles
-#       and 2-stage pipelining of the backward's loop), the encoder step captured whole with the default launches and
-#       with the fastest ones, and with O laid out contiguous as before today's layout change (flashlab.layouts), beside
-#       SDPA, three interleaved rounds; then the choices at D = 32 and 64 (~7 min). The GPU suite (rl4co-and-suite or
-#       suite-and-choices) now includes test_opcheck_with_the_layouts_attention_layers_pass_on_cuda: the Hopper path's O
-#       against the op's fake, compiled.
-#       Then HERE: copy OUT/small_graphs.json and OUT/d32_d64/small_graphs.json to results/h200/ (e.g.
-#       small_graphs_tiles.json, small_graphs_choices_d32_d64.json) and run
-#       python -m measurements.small_defaults results/h200/small_graphs_choices.json results/h200/small_graphs_tiles.json \
-#         results/h200/small_graphs_choices_d32_d64.json
-#       which rewrites flashlab/tuned/small_path/nvidia-h200.json, the H200's default launches (test_flash_small checks it); then
-#       the small path's GPU tests and the table and encoder step again with those defaults (defaults-verify)
-# The call refused to start on 2026-12-05 (third session): the tracked tree had grown to 73.7 MB with TSP100's files,
-# over the 64 MiB a call may carry. The tours now keep the test seed instead of the cities (flashlab.tsp.save_tours)
-# and the TSP metrics CSVs are gzipped: 54 MB; tests/test_measurements.py keeps the tree under 56 MiB.
-# 2026-12-05 (fourth session, no GPU lent): the TSP encoder layer (and MultiHeadAttention) now call
-# flashlab.attention_qkvpacked, whose backward writes dQ, dK, dV into one gradient laid out as the projection's
-# output: no stack of three gradients and no reshape copy of it per layer (two passes over 3·B·N·H·D elements).
-# tiles checks it on the GPU first and times the encoder step with it and with the three views. Next, in order:
-# tiles, tsp100-finish, rl4co-and-suite (above).
-# 2026-12-05 (fifth session): H200s refused again, hour after hour (about 70 s of budget per refusal). For a budget
-# that refusals have eaten into: tiles-d16 (tiles without the D = 32/64 choices, ~6.5 min), tiles-min (the packed
-# form's GPU tests and the encoder step alone, ~4 min).
-# 2026-12-05 (sixth session): the H200 refused six times; a call naming nvidia-h200 got an H100, which ran tiles,
-# verify and the table (results/h100/, results/README.md). On the H200 still, in order: tiles (or tiles-min),
-# each now also measuring notebook 02's roofline peaks (measurements.roofline_peaks: its 790 TFLOP/s has no
-# record), then small_defaults and defaults-verify; tsp100-finish; rl4co-and-suite.
-# 2026-12-06: no machine at all (H200 and H100, 00:27-02:20; the refusals spent the budget). Next, on an H200:
-# tiles, then at once on the same warm machine defaults-from-tiles (the idle release is 30 s), then here copy
-# the records to results/h200/ and rerun measurements.small_defaults on them; tsp100-finish; rl4co-and-suite.
-# On an H100: defaults-verify (its shipped launches file has not been verified).
-# 2026-12-06 (second session): after eight H200 refusals a call got an H100: tiles, defaults-verify with
-# launches from those records, then an interleaved A/B of the table (results/README.md, "Issue 19 on an H100
-# again"); the H100's launches file is now written from all four of its records. Still on the H200, in order:
-# tiles, defaults-from-tiles on the same warm machine (then here: copy the records and roofline_peaks.json to
-# results/h200/, rerun measurements.small_defaults, re-execute notebook 02), tsp100-finish, rl4co-and-suite.
-# 2026-12-06 (third session): calls naming nvidia-h200 got an H100 again: tiles (a fifth H100 record, 17 of 18 launches
-# reproduced), the GPU suite and all of test_dropin/properties/packing/decode/varlen, measurements/mask_dtype_check.py
-# (SDPA's cuDNN backend returns NaN for a float32 mask beside bf16), the leading-dimension broadcast tests, the exercise
-# tests (results/README, "H100 a third time"). On the H200 still, in order: tiles, defaults-from-tiles on the same warm
-# machine (then here: copy the records and roofline_peaks.json to results/h200/, rerun measurements.small_defaults,
-# re-execute notebook 02), tsp100-finish, rl4co-and-suite.
-# 2026-12-06 (fourth session): an H100 again. The finfo.min test on GPU tensors exposed Nk-times gradients (fixed: each
-# row's fix, _l_fix; 425 GPU tests passed after), tsp100-finish ran there (16.0 minutes, the last 3 on the H100:
-# results/README). On the H200 still, in order: tiles, defaults-from-tiles on the same warm machine (then here as
-# above), rl4co-and-suite.
-# Later that session a review moved each row's fix from a scaling of dO (fp16 underflow/overflow) into the backward
-# kernels (P·c in fp32). That version is compiled for sm_90 ahead of time (132 variants) and passes on the CPU, but
-# has not run on a GPU: first, on any GPU (an H100 will do), the mask tests:
-#   bash measurements/next_gpu_session.sh mask-tests OUT
-# 2026-12-06 (fifth session): mask-tests ran on an H100 (122 of 123; the failure was the test's, fixed), the GPU suite
-# (330 passed) and the fix's cost against the code before it (results/README, "The row fix inside the kernels"). Then
-# the forward kernels moved c to l_fix_offset after L (no L_FIX pointer), compiled ahead of time and passing on the CPU;
-# H200 and H100 calls were refused after that. Next, in order: mask-tests-then-tiles-min (any card; tiles-min only on an
-# H200), then on an H200 tiles and at once defaults-from-tiles (then here as above), rl4co-and-suite.
-# Later that session: the row-shared mask load is back, behind FLASHLAB_MASK_ROW_SHARED=1 (results/README, "What an
-# attn_mask costs"): row-shared on any card (if it holds, make it the default), before the H200 phases.
-# 2026-12-06 (sixth session): mask-tests (d7d96b0), row-shared (the shared row became the general kernels' default)
-# and tiles-or-suite (the whole GPU suite with it: 337 passed) ran, each on an H100 where an H200 was asked for; then
-# H200 and H100 starts were refused until the budget was spent. Next, in order:
-#   bash measurements/next_gpu_session.sh h200-or-small-row-shared OUT   any card: on an H100 the small path's
-#       kernels with the shared row (FLASHLAB_MASK_ROW_SHARED=all) against their copies' load; an H200 runs
-#       h200-in-one-call instead
-#   bash measurements/next_gpu_session.sh h200-in-one-call OUT   on an H200: tiles' measurements and
-#       defaults-from-tiles in one call (then here: copy the records and roofline_peaks.json to results/h200/,
-#       rerun measurements.small_defaults on them, re-execute notebook 02); then rl4co-and-suite
-# 2026-12-06 (seventh session): three H100 calls among eight refusals: h200-or-small-row-shared (the small kernels'
-# shared row 4.4x faster at 50 keys, 1.9x slower at 128; one test failure, the test's, fixed), small-row-shared-grid
-# (the key tile decides: the small kernels now share the row up to 64-key tiles by default) and
-# h200-targets-or-default-check (that default's tests, 100 passed). Next, on an H200 (an H100 has nothing left here):
-#   bash measurements/next_gpu_session.sh h200-targets OUT   issue 19's targets with the shipped launches,
-#       then the D = 16/32 choices (~6 min); then h200-in-one-call for the defaults from tiles, and rl4co-and-suite
-# 2026-12-06 (eighth session): two H100 calls among nine refusals: h200-targets-or-suite (the GPU suite at 313023d: 341
-# and 96 passed) and h200-targets-or-rl4co (RL4CO's step, fp32 tours 100% identical). Next:
-#   bash measurements/next_gpu_session.sh h200-targets-or-all-tests OUT   on an H200 the targets; on an H100 every test
-#       in tests/; then on an H200 h200-in-one-call, and rl4co-and-suite with carry=[".whl"] for the H200's RL4CO step
-# 2026-12-06 (ninth session): no machine at all (every nvidia-h200 call refused or not tried). Next: the same as above.
-# 2026-12-07: one H100 among refusals: h200-targets-or-all-tests ran every test in tests/ (cut at 400 s, no summary),
-# then again with -v: 8 failed, 1372 passed (results/h100/gpu_suite_2026-12-07/); the failures are fixed here. Next:
-#   bash measurements/next_gpu_session.sh h200-targets-or-fixes OUT   on an H200 the targets; on an H100 the fixed tests
-#       and the property test (~4 min); then on an H200 h200-in-one-call, and rl4co-and-suite with carry=[".whl"]
-#   (the session's one later call that started was taken back before it finished; refusals spent the rest, so the
-#   fixes are verified on the CPU only; test_deterministic now also runs at N = 150, the tiled kernels, which no GPU
-#   run has checked yet: the H100 branch below runs it)
-# 2026-12-07 (second session): one H100 call (h200-targets-or-fixes: the fixed tests passed, results/h100/
-#   gpu_fixes_2026-12-07/); every H200 request refused, some costing 90-180 s of budget. Next, on an H200 only:
-#   h200-targets (or h200-targets-short for a budget under 9 minutes), then h200-in-one-call, then rl4co-and-suite.
-# 2026-12-07 (second session): h200-in-one-call now ends with small_host_time --quick after the defaults' table, so
-#   notebook 09's breakdown and table come from one machine and code: copy OUT/defaults/thin/small_host_time.json to
-#   results/h200/small_host_time_thin.json with the table's record.
-# Earlier sessions' phases follow.
+# Next, on an H200 only (issue 19's targets name it; an H100 runs nothing in these phases), in order:
+#   h200-targets OUT        the roofline peaks; the table of forward+backward against SDPA's backends at N = 20-1000,
+#                           D = 16 and 64; the TSP encoder step eager, compiled and captured (packed form against
+#                           three views); then the D = 16 and 32 launch choices (~6 min). h200-targets-short: the
+#                           same without the choices (~5.5 min), for a budget under 9 minutes.
+#   h200-in-one-call OUT    the launch choices at D = 16, 32, 64, the defaults written from them, the table and the
+#                           encoder step again with those, then notebook 09's breakdown of an eager call
+#                           (small_host_time --quick). Then here: the records, roofline_peaks.json and
+#                           OUT/defaults/thin/small_host_time.json (as small_host_time_thin.json) to results/h200/,
+#                           python -m measurements.small_defaults on them, notebooks 02, 07, 09 and 10 re-executed.
+#   rl4co-and-suite OUT     with carry=[".whl"] (bash measurements/next_gpu_session.sh rl4co-wheels . here first):
+#                           RL4CO's REINFORCE step, SDPA against flashlab, then the GPU suite for the rest.
 set -u
 phase=$1 out=$2
 gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIGINT at the limit lets
