@@ -105,7 +105,7 @@ def enabled(device_type: str = "cpu") -> bool:
 
     On a GPU it has been on by default since 2026-12-04, once an H200 had shown it correct against
     float64 (results/h200/small_path_gpu_tests.log, small_graphs_small_path_correctness.json) and
-    faster than the kernels it replaces (small_graphs_table.json, small_graphs_compiled_steps.json;
+    faster than the kernels it replaces (small_graphs_table_2026-12-05.json, small_graphs_compiled_steps.json;
     results/README.md). `device_type` is unused since; callers pass it in case a device needs its
     own default again."""
     return os.environ.get("FLASHLAB_SMALL_PATH", "1") != "0"
@@ -506,7 +506,7 @@ class SmallAttention(torch.autograd.Function):
     output. At routing-model sizes that Python is longer than the kernels: on an H200 an eager
     forward+backward at N = 20 took 376 µs through the general route and 283 µs through the
     thinnest Function around the same two launches, for 37 µs of GPU work
-    (results/h200/small_host_time_thin.json). The kernels, their arguments and so their results
+    (results/h200/small_host_time_thin_2026-12-04.json). The kernels, their arguments and so their results
     are the same either way (tests/test_flash_small.py checks them bit for bit).
 
     ``spec`` is ``(mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
