@@ -3,18 +3,10 @@
 # Each phase fits one call (under 10 minutes); each says above its code what it runs and why. The history of
 # the calls, what each found and what came next, is measurements/GPU_SESSIONS.md; the records, results/README.md.
 #
-# Next, on an H200 only (issue 19's targets name it; an H100 runs nothing in these phases), in order:
-#   h200-targets OUT        the roofline peaks; the table of forward+backward against SDPA's backends at N = 20-1000,
-#                           D = 16 and 64; the TSP encoder step eager, compiled and captured (packed form against
-#                           three views); then the D = 16 and 32 launch choices (~6 min). h200-targets-short: the
-#                           same without the choices (~5.5 min), for a budget under 9 minutes.
-#   h200-in-one-call OUT    the launch choices at D = 16, 32, 64, the defaults written from them, the table and the
-#                           encoder step again with those, then notebook 09's breakdown of an eager call
-#                           (small_host_time --quick). Then here: the records, roofline_peaks.json and
-#                           OUT/defaults/thin/small_host_time.json (as small_host_time_thin.json) to results/h200/,
-#                           python -m measurements.small_defaults on them, notebooks 02, 07, 09 and 10 re-executed.
-#   rl4co-and-suite OUT     with carry=[".whl"] (bash measurements/next_gpu_session.sh rl4co-wheels . here first):
-#                           RL4CO's REINFORCE step, SDPA against flashlab, then the GPU suite for the rest.
+# Next, on an H200 (2026-12-07 ran h200-targets, h200-in-one-call and rl4co-and-suite: results/README.md):
+#   rl4co-100-and-suite OUT with carry=[".whl"]: RL4CO's REINFORCE step at 100 cities with the fp32 tour check
+#                           (the 2026-12-07 call had time for 20 and 50), then the GPU suite to its end (~9 min).
+#   A call returns at most 8 files: a phase that writes more packs them (h200-in-one-call: defaults.tgz).
 set -u
 phase=$1 out=$2
 gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIGINT at the limit lets
@@ -75,10 +67,10 @@ tsp100_export_and_eval() {   # SECONDS: runs/tsp100's last checkpoint exported, 
   gzip -n -c runs/tsp100/metrics.csv > "$out/tsp100_metrics.csv.gz"   # results/ keeps it compressed
   gzip -c runs/tsp100/checkpoint_last.pt > "$out/tsp100_training_state.pt.gz"
 }
-rl4co_step() {   # SECONDS: the carried wheels (.whl/) installed to /tmp/site, then measurements.rl4co_step
+rl4co_step() {   # SECONDS [ARGS...]: the carried wheels (.whl/) installed to /tmp/site, then measurements.rl4co_step
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$out/rl4co_install.log" 2>&1 || { tail -n 5 "$out/rl4co_install.log"; exit 1; }
-  PYTHONPATH=".:/tmp/site" timeout "$1" python -m measurements.rl4co_step "$out" > "$out/rl4co_step.log" 2>&1
+  PYTHONPATH=".:/tmp/site" timeout "$1" python -m measurements.rl4co_step "$out" "${@:2}" > "$out/rl4co_step.log" 2>&1
   grep -v Warning "$out/rl4co_step.log" | tail -n 8
 }
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
@@ -399,6 +391,8 @@ elif [ "$phase" = h200-in-one-call ]; then
   # recorded breakdown and table came from different runs and code)
   timeout 75 python -m measurements.small_host_time "$out/defaults/thin" --quick --shapes 20x16,50x16,100x16 \
     --calls 200 > "$out/defaults/small_host_time_thin.log" 2>&1; tail -n 4 "$out/defaults/small_host_time_thin.log"
+  # a call returns at most 8 files: on 2026-12-07 this phase wrote 13 and defaults/ did not come back
+  (cd "$out" && tar czf defaults.tgz defaults && rm -rf defaults)
 elif [ "$phase" = tiles ]; then
   # 2026-12-05 (fourth session, no GPU): flashlab.attention_qkvpacked, new since, is checked on the GPU first
   # (against float64, bf16 at N = 20-1000, bit for bit against the three views, compiled); the encoder step
@@ -436,6 +430,11 @@ elif [ "$phase" = tiles-min ]; then
     --budget-s 140 > "$out/small_graphs.log" 2>&1; tail -n 8 "$out/small_graphs.log"
 elif [ "$phase" = rl4co ]; then
   rl4co_step 420
+elif [ "$phase" = rl4co-100-and-suite ]; then
+  # 2026-12-07: rl4co-and-suite ran on the H200 with 20 and 50 cities in its 300 s and the suite cut at 230 s (339
+  # passed): RL4CO's step at 100 cities with the fp32 tour check, then the whole GPU suite (~4.5 min)
+  rl4co_step 270 --nodes 100
+  gpu_suite 270
 elif [ "$phase" = rl4co-and-suite ]; then
   # 2026-12-05: budget for at most three calls after refusals: RL4CO's step, then the GPU suite for the rest
   rl4co_step 300
