@@ -353,6 +353,44 @@ def test_measured_launches_are_what_the_records_give():
         assert all(flash_small.SmallConfig.parse(text) for text in table["decisions"].values())
 
 
+def _shipped_launches() -> list[tuple[str, int, int, flash_small.SmallConfig]]:
+    """(kernel, padded D, padded keys, launch) of every launch in flashlab/tuned/small_path/, once each: the
+    interpreter ignores warps and stages, so launches that differ only in those are one case."""
+    cases = {}
+    for path in sorted(flash_small.MEASURED_DIR.glob("*.json")):
+        for key, text in json.loads(path.read_text())["decisions"].items():
+            kernel, head_dim, keys, _ = (field.strip() for field in key.split("|"))
+            config = flash_small.SmallConfig.parse(text)
+            tiling = flash_small.SmallConfig(min(config.block_m, int(keys)), config.heads)
+            cases[(kernel, int(head_dim), int(keys), tiling.block_m, tiling.heads)] = tiling
+    return [(kernel, d, keys, config) for (kernel, d, keys, *_), config in sorted(cases.items())]
+
+
+@pytest.mark.parametrize("kernel,head_dim,keys,config", _shipped_launches(),
+                         ids=lambda x: str(x).replace(" ", ""))
+def test_every_shipped_launch_matches_float64(kernel, head_dim, keys, config):
+    """Each launch a GPU's measured file ships (query rows per step, heads per program), forced on its kernel at
+    its head dimension with 3 keys fewer than its padded key count (the tile's last columns masked), causal,
+    one more head than a program takes (the last program's extra heads write nothing): outputs and gradients
+    against float64. The files are written from timings; this is what says each launch also computes
+    attention. The kernels are called directly: on a CPU in fp32, the interpreter running the tiling (warps and
+    stages are the GPU compiler's), which `flashlab.attention` would not send to the small path at 128 keys,
+    D = 64; on a GPU in bf16, the element size the launches were measured at."""
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    n, heads = keys - 3, config.heads + 1
+    q, k, v, grad_out = (torch.randn(1, heads, n, head_dim, device=DEVICE, dtype=torch.float64) for _ in range(4))
+    inputs = [t.to(dtype) for t in (q, k, v, grad_out)]
+    no_mask = (inputs[0], (0, 0, 0, 0), False, False, 0.0, 0, True, head_dim ** -0.5, "ieee")  # any pointer; causal
+    with flash_small.force(**{kernel: config}):
+        assert flash_small._config(kernel, n, n, q.device, head_dim, inputs[0].element_size()) == config
+        out, lse = flash_small.small_forward(*inputs[:3], *no_mask)
+        grads = flash_small.small_backward(*inputs[:3], out, lse, inputs[3], *no_mask)
+    q, k, v = (t.to(dtype).double() for t in (q, k, v))                  # the inputs the kernels saw
+    assert_close(out, reference_attention(q, k, v, None, True), tol=TOL[dtype])
+    for got, want in zip(grads, reference_gradients(q, k, v, inputs[3].double(), None, True)):
+        assert_close(got, want, tol=TOL[dtype])
+
+
 def test_the_measured_gpu_takes_its_measured_launches(tmp_path, monkeypatch):
     """On the GPU model the table names, a measured (kernel, D, keys) takes its measured launch,
     with no more query rows than Nq; another GPU, or a shape not measured, takes the rule."""
