@@ -215,7 +215,7 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
                    element_size: int = 2) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
-    GPU: on a GPU model whose launches were measured (`MEASURED_DIR`: the H200), the fastest
+    GPU: on a GPU model whose launches were measured (`MEASURED_DIR`: the H200, the H100), the fastest
     measured launch at this padded head dimension, key count and element size (``element_size``:
     bytes per input element). Elsewhere, and for shapes and dtypes not measured, this rule: a
     score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers N ≤ 64
