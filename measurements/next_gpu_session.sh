@@ -15,7 +15,7 @@ gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIG
   timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
     tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
     tests/test_qkvpacked.py \
-    -k "gpu or hopper or tf32 or cuda or masked_everywhere or leading_dimensions or shifted_far or mask" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
+    -k "gpu or hopper or tf32 or cuda or masked_everywhere or leading_dimensions or shifted_far or mask or shipped" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 }
 small_path_suite() {   # the small path's tests, which run on the GPU whatever their names (gpu_suite's -k
                        # filter leaves them out)
