@@ -130,7 +130,7 @@ def launch_guarded(outputs, kernel, grid, args, kwargs) -> None:
     name_of_kernel = getattr(getattr(kernel, "fn", None), "__name__", "the kernel")
     for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)
-        written = int((buffer[~inside] != fill).sum())
+        written = written_outside(buffer, inside, fill)
         if written:
             where = "output" if name in outputs else "input"
             problems.append(

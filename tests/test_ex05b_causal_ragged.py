@@ -8,7 +8,7 @@ import torch
 from flashlab import assert_close, reference_attention
 from flashlab.reference import TF32_TOLERANCE, reference_logsumexp, rel_error
 from tests.hints import require, unwritten
-from tests.padded_launch import PaddedLaunch, run_padded, tile_reach
+from tests.padded_launch import PaddedLaunch, run_padded, tile_reach, written_outside
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16: 3e-3}
@@ -40,15 +40,15 @@ STORED_NOTHING = 7.0
 
 
 def _launch_padded(kernel, grid, args, kwargs):
-    """flash_forward_kernel on copies of its tensors at the start of larger buffers, copied back; fails if it
-    stored past the end of O or L."""
+    """flash_forward_kernel on copies of its tensors inside larger buffers (`run_padded`), copied back; fails if
+    it stored outside O or L."""
     copies = run_padded(kernel, grid, args, kwargs, lambda name: PAST_THE_END.get(name, STORED_NOTHING),
                         extra_reach=tile_reach(kernel, grid, args, kwargs))
     problems = []
     for name, (t, fill, buffer, inside, copy) in copies.items():
         t.copy_(copy)
         if name in ("O", "L"):
-            written = (buffer[~inside] != fill).sum().item()
+            written = written_outside(buffer, inside, fill)
             if written:
                 problems.append(f"flash_forward_kernel stored {written} values past the end of {name}: mask the "
                                 "store with the rows < n_q (mask=offs_m < n_q)")
