@@ -44,14 +44,14 @@ test: install
 NEED_VENV = @test -x $(BIN)/python || { echo "$(VENV)/: no virtual environment yet; run make install (or make lab) first"; exit 2; }
 test-ex:
 	$(NEED_VENV)
-	@ls tests/test_ex$(EX)_*.py >/dev/null 2>&1 || { echo "EX=$(EX): no tests/test_ex$(EX)_*.py; say e.g. make test-ex EX=03 (or EX=03b)"; exit 2; }
-	$(BIN)/python -m pytest -q -rs --tb=short tests/test_ex$(EX)_*.py
+	@ls tests/exercises/test_ex$(EX)_*.py >/dev/null 2>&1 || { echo "EX=$(EX): no tests/exercises/test_ex$(EX)_*.py; say e.g. make test-ex EX=03 (or EX=03b)"; exit 2; }
+	$(BIN)/python -m pytest -q -rs --tb=short tests/exercises/test_ex$(EX)_*.py
 
 ## progress: every exercise's tests against your exercises/ (IMPL=solutions: the answers), then the table
 IMPL ?= exercises
 progress:
 	$(NEED_VENV)
-	$(BIN)/python -m pytest -q --tb=short --impl=$(IMPL) tests/test_ex[0-9]*.py
+	$(BIN)/python -m pytest -q --tb=short --impl=$(IMPL) tests/exercises/test_ex[0-9]*.py
 
 ## notebooks: re-execute every notebook in place, top to bottom, in a fresh kernel
 notebooks: install

@@ -52,7 +52,7 @@ def all_exercises() -> list[str]:
 
 
 def _exercise_of_path(path) -> str | None:
-    """tests/test_ex01_naive_attention.py -> ex01_naive_attention."""
+    """tests/exercises/test_ex01_naive_attention.py -> ex01_naive_attention."""
     stem = Path(str(path)).stem
     return stem[len("test_"):] if re.match(r"test_ex\d", stem) else None
 
@@ -66,14 +66,14 @@ def exercise(request):
     """The exercise module under test, from exercises/ or solutions/ (see --impl)."""
     name = exercise_of(request.node)
     if name is None:
-        raise pytest.UsageError("the `exercise` fixture is for tests/test_exNN_*.py files")
+        raise pytest.UsageError("the `exercise` fixture is for tests/exercises/test_exNN_*.py files")
     try:
         module = importlib.import_module(f"{selected_impl(request.config)}.{name}")
     except SyntaxError as error:            # one line per test, not importlib's frames around the same caret
         where = Path(error.filename or "").relative_to(Path(__file__).parent) if error.filename else name
         pytest.fail(f"{where}, line {error.lineno}: {type(error).__name__}: {error.msg}. Python cannot read the file "
                     f"until this is fixed: `python -m py_compile {where}` shows the line", pytrace=False)
-    # new tensors the exercise allocates with torch.empty* hold a known value (tests.hints.UNWRITTEN), so a
+    # new tensors the exercise allocates with torch.empty* hold a known value (tests.exercises.hints.UNWRITTEN), so a
     # kernel that stores nothing is named as such, not reported as a numerical error
     module.torch = _FilledAllocations()
     if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
@@ -81,18 +81,18 @@ def exercise(request):
         # nothing process-wide, so a kernel launched as written would try to compile)
         from triton.runtime.jit import JITFunction
 
-        from flashlab.runtime import kernel_for
+        from flashlab.launch.runtime import kernel_for
         for attr, value in list(vars(module).items()):
             if isinstance(value, JITFunction):
                 setattr(module, attr, kernel_for(value, "cpu"))
-    from tests.hints import mark_unwritten_kernels
+    from tests.exercises.hints import mark_unwritten_kernels
     mark_unwritten_kernels(module, name)         # a kernel still `pass`: "not started", not a wrong output
     return module
 
 
 class _FilledAllocations:
     """An exercise module's ``torch``: the real module, except that ``empty``, ``empty_like`` and
-    ``empty_strided`` fill new floating-point tensors with ``tests.hints.UNWRITTEN`` (their contents are
+    ``empty_strided`` fill new floating-point tensors with ``tests.exercises.hints.UNWRITTEN`` (their contents are
     undefined anyway, so a correct answer cannot tell), which the tests' hints look for."""
 
     def __getattr__(self, name):
@@ -100,7 +100,7 @@ class _FilledAllocations:
 
     @staticmethod
     def _filled(t):
-        from tests.hints import UNWRITTEN
+        from tests.exercises.hints import UNWRITTEN
         if t.is_floating_point():
             with torch.no_grad():
                 t.fill_(UNWRITTEN)
@@ -114,6 +114,23 @@ class _FilledAllocations:
 
     def empty_strided(self, *args, **kwargs):
         return self._filled(torch.empty_strided(*args, **kwargs))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests need a CUDA GPU (``gpu(capability=9)``: a Hopper one): without it
+    they are skipped with the reason, so CI on a CPU reports them as skipped, never as failed.
+    ``pytest -m gpu`` selects them on a GPU machine."""
+    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        wanted = marker.kwargs.get("capability")
+        if capability is None:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)"))
+        elif wanted is not None and capability[0] != wanted:
+            here = f"sm_{capability[0]}{capability[1]}"
+            item.add_marker(pytest.mark.skip(reason=f"needs an sm_{wanted}0 GPU, this one is {here}"))
 
 
 def pytest_report_header(config):
@@ -135,7 +152,7 @@ def _share_the_cores_between_workers():
 
 def pytest_configure(config):
     _share_the_cores_between_workers()
-    for arg in config.args:                     # "tests/test_ex03_online_softmax.py::test_merge…"
+    for arg in config.args:                     # "tests/exercises/test_ex03_online_softmax.py::test_merge…"
         path, sep, _ = str(arg).partition("::")
         name = _exercise_of_path(path)
         if sep and name:
@@ -218,10 +235,10 @@ def pytest_runtest_makereport(item, call):
 
 
 def _launched_by_the_exercise(excinfo, name: str) -> bool:
-    """An unwritten kernel (tests.hints.KernelNotWritten) launched from the exercise's own code, its
+    """An unwritten kernel (tests.exercises.hints.KernelNotWritten) launched from the exercise's own code, its
     launcher: that much is written, so the exercise is in progress. Not when a test launched the
     kernel itself, nor for a launcher's own ``raise NotImplementedError``."""
-    from tests.hints import KernelNotWritten
+    from tests.exercises.hints import KernelNotWritten
     if not excinfo.errisinstance(KernelNotWritten):
         return False
     if excinfo.value.launcher_written:          # set by a test that ran the learner's launcher to its end

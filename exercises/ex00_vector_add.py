@@ -1,17 +1,17 @@
 """Exercise 00: your first Triton kernel, vector addition (notebook 00_setup;
-the package's version is `flashlab/vector_add.py`).
+the package's version is `flashlab/lessons/vector_add.py`).
 
 A kernel runs as a grid of programs; program p owns the BLOCK consecutive elements that
 start at p·BLOCK. On a CPU it runs in Triton's interpreter, so you can print inside it.
 
-Test: ``make test-ex EX=00`` (or ``.venv/bin/python -m pytest tests/test_ex00_vector_add.py``)
+Test: ``make test-ex EX=00`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex00_vector_add.py``)
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
+from flashlab.launch.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 
 @triton.jit

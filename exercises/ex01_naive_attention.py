@@ -4,7 +4,7 @@ Implement scaled dot-product attention the way the paper writes it:
 
     S = Q Kᵀ · scale,   P = softmax(S) row by row,   O = P V
 
-Test: ``make test-ex EX=01`` (or ``.venv/bin/python -m pytest tests/test_ex01_naive_attention.py``)
+Test: ``make test-ex EX=01`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex01_naive_attention.py``)
 """
 
 import torch

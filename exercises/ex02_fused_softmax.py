@@ -4,14 +4,14 @@ Write the kernel so that each program reads one row of x from HBM exactly once a
 writes one row of y exactly once, computing max, exp, sum and divide on chip.
 
 Test (runs in Triton's interpreter on a CPU): ``make test-ex EX=02``
-(or ``.venv/bin/python -m pytest tests/test_ex02_fused_softmax.py``)
+(or ``.venv/bin/python -m pytest tests/exercises/test_ex02_fused_softmax.py``)
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
+from flashlab.launch.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 
 @triton.jit

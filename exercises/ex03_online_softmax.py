@@ -4,7 +4,7 @@ The state of a set of rows is a pair of tensors (m, l), one entry per row:
 m = running max, l = Σ exp(x − m) over the columns seen so far. The empty state is
 m = −inf, l = 0.
 
-Test: ``make test-ex EX=03`` (or ``.venv/bin/python -m pytest tests/test_ex03_online_softmax.py``)
+Test: ``make test-ex EX=03`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex03_online_softmax.py``)
 """
 
 import torch

@@ -1,6 +1,6 @@
 """Exercise 03b: tiled attention forward in PyTorch (notebook 03).
 
-Test: ``make test-ex EX=03b`` (or ``.venv/bin/python -m pytest tests/test_ex03b_tiled_forward.py``)
+Test: ``make test-ex EX=03b`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex03b_tiled_forward.py``)
 """
 
 import torch

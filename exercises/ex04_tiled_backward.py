@@ -1,6 +1,6 @@
 """Exercise 04: tiled attention backward with recomputation (notebook 04).
 
-Test: ``make test-ex EX=04`` (or ``.venv/bin/python -m pytest tests/test_ex04_tiled_backward.py``)
+Test: ``make test-ex EX=04`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex04_tiled_backward.py``)
 """
 
 import torch

@@ -5,14 +5,14 @@ BLOCK_M queries of one (batch, head): it loads Q_i once, streams every K_j, V_j 
 it with the online softmax of notebook 03, and writes O_i and the log-sum-exp L_i once.
 
 Test (runs in Triton's interpreter on a CPU): ``make test-ex EX=05``
-(or ``.venv/bin/python -m pytest tests/test_ex05_flash_forward.py``)
+(or ``.venv/bin/python -m pytest tests/exercises/test_ex05_flash_forward.py``)
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
+from flashlab.launch.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 BLOCK = 32  # BLOCK_M = BLOCK_N; small, so the interpreter stays fast
 

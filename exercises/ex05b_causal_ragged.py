@@ -6,14 +6,14 @@ loads and stores are masked, masked keys get score −inf; (2) causal attention 
 sees keys 0..i, top-left like PyTorch): mask inside the diagonal tile, and do not visit
 key blocks that lie entirely past a query block's last query.
 
-Test: ``make test-ex EX=05b`` (or ``.venv/bin/python -m pytest tests/test_ex05b_causal_ragged.py``)
+Test: ``make test-ex EX=05b`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex05b_causal_ragged.py``)
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
+from flashlab.launch.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 BLOCK = 32
 

@@ -17,14 +17,14 @@ dO_i on chip and streams the key blocks.
 One kernel at a time: while one of them is still ``pass``, the gradient tests check the other's
 gradients alone (dK and dV, or dQ) and then report the test as not started, naming the kernel left.
 
-Test: ``make test-ex EX=06`` (or ``.venv/bin/python -m pytest tests/test_ex06_flash_backward.py``)
+Test: ``make test-ex EX=06`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex06_flash_backward.py``)
 """
 
 import torch  # noqa: F401  (you will need it in flash_backward)
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
+from flashlab.launch.runtime import kernel_for  # noqa: F401  (launch: kernel_for(kernel, x.device)[grid](…))
 
 BLOCK = 32
 

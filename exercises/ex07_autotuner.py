@@ -1,4 +1,4 @@
-"""Exercise 07: the autotuner's decision (notebook 07, `flashlab.autotune.decide`).
+"""Exercise 07: the autotuner's decision (notebook 07, `flashlab.launch.autotune.decide`).
 
 A kernel has several candidate configurations (tile sizes, warps, pipeline stages). An
 autotuner runs each one once, compares its outputs with a reference, times it, and then
@@ -12,10 +12,10 @@ three safeguards:
 - timings are noisy, so a challenger must beat the default clearly (by the factor
   ``margin``) to replace it.
 
-The package's tuner (`flashlab.autotune.Autotuner._tune`) measures; this function, the same
-as `flashlab.autotune.decide`, decides.
+The package's tuner (`flashlab.launch.autotune.Autotuner._tune`) measures; this function, the same
+as `flashlab.launch.autotune.decide`, decides.
 
-Test: ``make test-ex EX=07`` (or ``.venv/bin/python -m pytest tests/test_ex07_autotuner.py``)
+Test: ``make test-ex EX=07`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex07_autotuner.py``)
 """
 
 

@@ -7,7 +7,7 @@ restores their true size. If S is too large some gradient overflows to inf: skip
 and halve S. After ``growth_interval`` good steps in a row, try doubling S again. This is
 what ``torch.amp.GradScaler`` does; the test compares your scale sequence with it.
 
-Test: ``make test-ex EX=08`` (or ``.venv/bin/python -m pytest tests/test_ex08_loss_scaler.py``)
+Test: ``make test-ex EX=08`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex08_loss_scaler.py``)
 """
 
 import torch

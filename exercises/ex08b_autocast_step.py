@@ -5,7 +5,7 @@ The core of a mixed-precision trainer in one function: run the forward under
 fp32, backward (through a ``GradScaler`` for fp16), unscale *before* clipping so the clip
 sees the true gradient norm, and skip the step when anything is inf or NaN.
 
-Test: ``make test-ex EX=08b`` (or ``.venv/bin/python -m pytest tests/test_ex08b_autocast_step.py``)
+Test: ``make test-ex EX=08b`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex08b_autocast_step.py``)
 """
 
 import torch  # noqa: F401  (you will need it)

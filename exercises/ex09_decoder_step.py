@@ -1,12 +1,12 @@
 """Exercise 09: one step of the TSP Attention Model's decoder (notebook 09_capstone;
-the package's versions are `flashlab.tsp.masked_glimpse` and `flashlab.tsp.pointer_log_probs`).
+the package's versions are `flashlab.train.tsp.masked_glimpse` and `flashlab.train.tsp.pointer_log_probs`).
 
 At each step the decoder holds one context query per instance (graph embedding, first
 city, current city). It *glimpses*: multi-head attention of that single query over the
 cities, the visited ones masked out. Then one more single-head score per city, clipped
 with C·tanh, becomes the probability of visiting that city next.
 
-Test: ``make test-ex EX=09`` (or ``.venv/bin/python -m pytest tests/test_ex09_decoder_step.py``)
+Test: ``make test-ex EX=09`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex09_decoder_step.py``)
 """
 
 import torch

@@ -1,5 +1,5 @@
 """Exercise 09b: when to replace the rollout baseline, a one-sided paired t-test
-(notebook 09_capstone; the package's version is `flashlab.tsp_train.paired_t_test_less`).
+(notebook 09_capstone; the package's version is `flashlab.train.tsp_train.paired_t_test_less`).
 
 REINFORCE with a greedy-rollout baseline (Kool et al. 2019) keeps a frozen copy of the
 policy. At the end of each epoch both tour the same evaluation instances greedily; the
@@ -7,14 +7,14 @@ copy is replaced only if the policy's tours are shorter *significantly*: a one-s
 paired t-test of H1 "mean(policy) < mean(baseline)" at level α = 0.05. Paired, because
 both tour the same instances: the test looks at the per-instance differences.
 
-Test: ``make test-ex EX=09b`` (or ``.venv/bin/python -m pytest tests/test_ex09b_rollout_baseline.py``)
+Test: ``make test-ex EX=09b`` (or ``.venv/bin/python -m pytest tests/exercises/test_ex09b_rollout_baseline.py``)
 """
 
 import math  # noqa: F401  (you will need it)
 
 import torch
 
-from flashlab.tsp_train import student_t_cdf  # noqa: F401  student_t_cdf(t, df) = P(T ≤ t), given
+from flashlab.train.tsp_train import student_t_cdf  # noqa: F401  student_t_cdf(t, df) = P(T ≤ t), given
 
 
 def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

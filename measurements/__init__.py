@@ -7,6 +7,6 @@ sm_90 register report). Each is a module run from the repository root, with no P
     bash measurements/next_gpu_session.sh bench OUT bfloat16
 
 They write where they are told (an OUT argument); the committed results keep their paths
-under results/, which the notebooks read through `flashlab.recorded`. They are maintainer
+under results/, which the notebooks read through `flashlab.bench.records`. They are maintainer
 tools of this repository, not part of the installed flashlab package.
 """

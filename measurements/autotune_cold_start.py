@@ -44,10 +44,10 @@ def environment() -> dict:
 
 def capture_shared_memory(log: list):
     """Record every compiled kernel's shared memory (Triton's metadata.shared) beside the
-    configuration it was compiled for, and the estimate `flashlab.autotune` makes for it."""
+    configuration it was compiled for, and the estimate `flashlab.launch.autotune` makes for it."""
     from triton.runtime.jit import JITFunction
 
-    from flashlab import autotune
+    from flashlab.launch import autotune
     names = {"flash_forward_kernel": "forward", "flash_backward_dkdv_kernel": "dkdv", "flash_backward_dq_kernel": "dq"}
     original = JITFunction.run
 
@@ -69,7 +69,8 @@ def phase_fp32(out: Path, budget_s: float) -> None:
     os.environ["FLASHLAB_AUTOTUNE_SHIPPED"] = "0"
     import torch
 
-    from flashlab import attention, autotune
+    from flashlab import attention
+    from flashlab.launch import autotune
     compiled: list = []
     capture_shared_memory(compiled)
     autotune.tuner.cache_path = ""
@@ -112,7 +113,7 @@ def phase_fp32(out: Path, budget_s: float) -> None:
 def phase_pretune(out: Path, budget_s: float, which: str, dtypes: list[str] | None) -> None:
     os.environ["FLASHLAB_AUTOTUNE_SHIPPED"] = "0"                    # measure, do not reuse
     os.environ["FLASHLAB_AUTOTUNE_CACHE"] = str(out / f"cache_{which}.json")
-    from flashlab.pretune import DTYPES, pretune
+    from flashlab.api.pretune import DTYPES, pretune
     shapes, default_dtypes, causal = SETS[which]
     timings = []
 
@@ -129,8 +130,8 @@ def phase_pretune(out: Path, budget_s: float, which: str, dtypes: list[str] | No
 
 
 def phase_ship(outs: list[Path]) -> None:
-    from flashlab import autotune_cache
-    from flashlab.pretune import ship
+    from flashlab.api.pretune import ship
+    from flashlab.launch import autotune_cache
     entries, env, gpu = [], {}, None
     for out in outs:
         for path in sorted(out.glob("decisions_*.json")):

@@ -3,7 +3,7 @@
 claim 2  B=2, N=2048, H=12, D=64, fp16: "standard attention peaks at about 5.2 GB against
          2.1 GB with FlashAttention; forward 48 ms against 19 ms". Measured twice: attention
          alone (forward time, forward+backward peak), and a GPT-2-small-shaped model
-         (12 layers, width 768, 12 heads; flashlab.model) in 16-mixed: forward time and a
+         (12 layers, width 768, 12 heads; flashlab.train.model) in 16-mixed: forward time and a
          training step's peak memory, naive against flashlab attention.
 claim 7  "PyTorch uses its fused flash kernel only when head_dim ≤ 128, in fp16/bf16, on
          Ampere or newer": for each head dim and dtype, which kernels SDPA's default
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashlab import attention, naive_attention
-from flashlab.benchmarks.analysis import sdpa_backend_from_kernels
-from flashlab.benchmarks.train_step import measure_step
-from flashlab.model import CausalTransformer
-from flashlab.recorded import environment
-from flashlab.timing import extra_memory, time_ms
-from flashlab.train import split_flat_config
+from flashlab.bench.analysis import sdpa_backend_from_kernels
+from flashlab.bench.records import environment
+from flashlab.bench.train_step import measure_step
+from flashlab.launch.timing import extra_memory, time_ms
+from flashlab.train.model import CausalTransformer
+from flashlab.train.trainer import split_flat_config
 
 
 def claim2():

@@ -1,6 +1,6 @@
 """GPU checks of issue 17 (flashlab.attention as a drop-in), one run, JSON out:
 
-1. the trainer's model (flashlab.model.CausalTransformer, flashlab attention) compiled with
+1. the trainer's model (flashlab.train.model.CausalTransformer, flashlab attention) compiled with
    ``torch.compile(fullgraph=True)`` (inductor) against eager: step time and the same losses;
 2. a small model through flashlab attention: compile (eager, aot_eager, inductor backends),
    torch.export, torch.library.opcheck on CUDA tensors;
@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 import flashlab
-from flashlab.flash_attention import attention
-from flashlab.model import CausalTransformer
-from flashlab.tasks import AssociativeRecall
+from flashlab.api.attention import attention
+from flashlab.train.model import CausalTransformer
+from flashlab.train.tasks import AssociativeRecall
 
 
 def _time(fn, reps=20, warmup=3):
@@ -196,7 +196,7 @@ def property_test():
     examples = os.environ.get("FLASHLAB_PROPERTY_EXAMPLES", "1500")
     start = time.perf_counter()
     env = {**os.environ, "FLASHLAB_PROPERTY_EXAMPLES": examples, "FLASHLAB_AUTOTUNE": "0"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_attention_properties.py", "-q", "-p",
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/api/test_attention_properties.py", "-q", "-p",
                            "no:nbval", "-o", "addopts="], env=env, capture_output=True, text=True)
     return {"examples": int(examples), "returncode": done.returncode, "seconds": time.perf_counter() - start,
             "tail": done.stdout[-1500:] + done.stderr[-500:]}

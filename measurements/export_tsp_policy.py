@@ -6,12 +6,12 @@ the policy of one of them, with the metadata train-tsp would have written:
 
     python -m measurements.export_tsp_policy runs/tsp50/checkpoint_last.pt runs/tsp50/am_tsp50.pt
 
-(`python -m flashlab export-tsp` does the same: `flashlab.tsp_train.export_policy`.)
+(`python -m flashlab export-tsp` does the same: `flashlab.train.tsp_train.export_policy`.)
 """
 
 import argparse
 
-from flashlab.tsp_train import export_policy
+from flashlab.train.tsp_train import export_policy
 
 
 def main(argv=None) -> None:

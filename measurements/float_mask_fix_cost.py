@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import flashlab
-from flashlab.timing import time_ms
+from flashlab.launch.timing import time_ms
 from measurements.inputs import attention_inputs
 
 SHAPES = [(512, 8, 50, 16), (4, 16, 1024, 64), (4, 16, 4096, 64)]     # (B, H, N, D): routing-sized, then long

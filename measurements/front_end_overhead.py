@@ -37,7 +37,7 @@ def kernels_stubbed():
     saved = []
     for name, module in list(sys.modules.items()):
         if (name == "flashlab" or name.startswith("flashlab.")) and hasattr(module, "kernel_for"):
-            if module.kernel_for is not None and module is not flashlab.runtime:
+            if module.kernel_for is not None and module is not flashlab.launch.runtime:
                 saved.append((module, module.kernel_for))
                 module.kernel_for = lambda kernel, device: _NoLaunch()
     try:
@@ -65,13 +65,13 @@ def per_call_us(fn, calls: int, repeats: int = 25) -> float:
 def measure(shape=(2, 8, 20, 16), is_causal=False, calls: int = 200, dtype=torch.float32) -> dict:
     """µs per eager call with the kernels stubbed: forward+backward, forward alone (no grad).
     fp32 inputs by default: CPU half-precision calls also pay an fp32 round trip
-    (`flashlab.ops._on_cpu_in_fp32`) that a GPU call does not."""
+    (`flashlab.api.ops._on_cpu_in_fp32`) that a GPU call does not."""
     import flashlab
 
     # import every launch module first, so the stub reaches all of them
-    import flashlab.flash_launch  # noqa: F401
+    import flashlab.launch.dense  # noqa: F401
     with contextlib.suppress(ImportError):
-        import flashlab.flash_small  # noqa: F401
+        import flashlab.launch.small  # noqa: F401
     B, H, N, D = shape
     q, k, v = (torch.randn(B, H, N, D, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(B, H, N, D, dtype=dtype)

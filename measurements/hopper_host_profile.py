@@ -11,7 +11,7 @@ import time
 import torch
 
 import flashlab
-from flashlab import flash_hopper_launch as hl
+from flashlab.launch import hopper as hl
 from measurements.inputs import attention_inputs
 
 
@@ -65,7 +65,7 @@ def main(path=None):
 def threads(path=None):
     """Whether the backward's host time grows on autograd's device thread: the same kernels called from
     the main thread and from a custom Function's backward (which autograd runs on its CUDA worker thread)."""
-    from flashlab import ops
+    from flashlab.api import ops
     B, H, N, D = 4, 16, 1024, 64
     q, k, v, grad = attention_inputs(B, H, N, D)
     scale = D ** -0.5

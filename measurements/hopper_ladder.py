@@ -10,7 +10,7 @@ and spills, and which targets the final step meets.
 Sections run most important first and stop at a hard time budget (--budget-s); a section that
 does not start in time is recorded as skipped. OUT_DIR/hopper_ladder.json is rewritten after
 every section. Shapes: B·N = 16384 tokens, H·D = 2048, N ∈ {2048, 16384}, D ∈ {64, 128}, causal
-and full. FLOPs as FlashAttention's papers count them (flashlab.timing.attention_flops).
+and full. FLOPs as FlashAttention's papers count them (flashlab.launch.timing.attention_flops).
 
 The smoke mode proves the script runs: float32 inputs (the interpreter's bf16 arithmetic is not
 the GPU's), N ∈ {40, 64}, every step with small tiles (the steps' own tiles would make the
@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 
-from flashlab import attention, flash_triton
-from flashlab import flash_hopper as kernels
-from flashlab.flash_hopper_launch import LADDER, Tiles, hopper_backward, hopper_forward
-from flashlab.recorded import environment
-from flashlab.reference import TOLERANCE, reference_attention, reference_gradients, rel_error
-from flashlab.timing import attention_flops, time_ms
+from flashlab import attention
+from flashlab.bench.records import environment
+from flashlab.kernels import dense as flash_triton
+from flashlab.kernels import hopper as kernels
+from flashlab.launch.hopper import LADDER, Tiles, hopper_backward, hopper_forward
+from flashlab.launch.timing import attention_flops, time_ms
+from flashlab.reference.float64 import TOLERANCE, reference_attention, reference_gradients, rel_error
 
 TARGETS = {"forward_vs_cudnn": 0.90, "forward_vs_flash": 1.4, "fwd_bwd_vs_cudnn": 0.80}
 SMOKE_TILES = {"forward": Tiles(32, 16, 4, 1), "dkdv": Tiles(16, 32, 4, 1), "dq": Tiles(32, 16, 4, 1)}

@@ -32,7 +32,7 @@ def worker(tree: str, out_path: str) -> None:
     """Times flashlab from ``tree`` (already first on sys.path) and writes its rows to ``out_path``."""
     # flashlab first: without a GPU it turns on Triton's interpreter before triton is imported
     import flashlab  # noqa: I001
-    import flashlab.flash_triton as kernels
+    import flashlab.kernels.dense as kernels
     import time
     import torch
     import triton.testing

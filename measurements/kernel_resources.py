@@ -13,9 +13,10 @@ import sys
 
 import torch
 
-import flashlab.flash_triton as kernels
-from flashlab import attention, autotune
-from flashlab.recorded import environment
+import flashlab.kernels.dense as kernels
+from flashlab import attention
+from flashlab.bench.records import environment
+from flashlab.launch import autotune
 
 NAMES = ["flash_forward_kernel", "flash_backward_preprocess_kernel", "flash_backward_dkdv_kernel",
          "flash_backward_dq_kernel"]

@@ -10,9 +10,9 @@ Under these assumptions the forward's numbers match what the H200 reported for T
 shared). The Triton here may be newer than the GPU's, so compare variants with each other,
 not with the GPU.
 
-    python -m measurements.kernel_resources_aot [FLASH_TRITON_PY ...]   (default: flashlab/flash_triton.py)
+    python -m measurements.kernel_resources_aot [FLASH_TRITON_PY ...]   (default: flashlab/kernels/dense.py)
 
-Give older versions of the file (``git show REV:flashlab/flash_triton.py > old.py``) to see
+Give older versions of the file (``git show REV:flashlab/kernels/dense.py > old.py``) to see
 what a change did to register pressure.
 """
 

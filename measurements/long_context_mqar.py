@@ -1,6 +1,6 @@
 """GPU run for the capstone's long-context task (issue 7, task 2) on one H200.
 
-Multi-query associative recall (flashlab.tasks) with the trainer's causal transformer,
+Multi-query associative recall (flashlab.train.tasks) with the trainer's causal transformer,
 bf16-mixed, flashlab attention, rotary positions on a quarter of each head's dimensions
 (the rest carry content only, so "same key" looks the same at any distance):
 
@@ -14,7 +14,7 @@ bf16-mixed, flashlab attention, rotary positions on a quarter of each head's dim
    with 1 in 64 asking, one sequence per step;
 3. after each phase, recall at the long length with 1 slot in 1024 asking, so that most
    queried keys were last mentioned thousands of tokens back, split by that distance
-   (`flashlab.tasks.lookback`); also with every slot asking, and at twice the long length
+   (`flashlab.train.tasks.lookback`); also with every slot asking, and at twice the long length
    (never trained on); and the peak memory.
 
     python -m measurements.long_context_mqar OUT_DIR MINUTES_SHORT MINUTES_MEDIUM MINUTES_LONG [SEED]
@@ -27,10 +27,10 @@ import time
 
 import torch
 
-from flashlab import checkpoint
-from flashlab.recorded import environment
-from flashlab.tasks import AssociativeRecall
-from flashlab.train import split_flat_config, train_in_phases
+from flashlab.bench.records import environment
+from flashlab.train import checkpoint
+from flashlab.train.tasks import AssociativeRecall
+from flashlab.train.trainer import split_flat_config, train_in_phases
 
 from .train_measurements import attempt
 

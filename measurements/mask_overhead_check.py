@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import flashlab
-from flashlab.timing import time_graph_ms, time_ms
+from flashlab.launch.timing import time_graph_ms, time_ms
 from measurements.inputs import attention_inputs
 
 SHAPES = [(4, 16, 4096, 64), (8, 16, 1024, 64)]

@@ -1,6 +1,6 @@
 """Where mixed precision's memory saving goes (notebook 08): the peak memory of one training step
 of notebook 08's H200 model (4 layers, width 512, 8 heads, 4096 tokens, batch 8: the trainer's
-step, `flashlab.train`), in ``32-true`` and ``bf16-mixed``, with its 8,192-word vocabulary and with a
+step, `flashlab.train.trainer`), in ``32-true`` and ``bf16-mixed``, with its 8,192-word vocabulary and with a
 256-word one. The difference between the two vocabularies is what the loss over the vocabulary
 costs (its logits taken to fp32 as the trainer does, their log-softmax and their gradient); what
 is left is the rest of the model.
@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 
 from flashlab import measure_peak_memory
-from flashlab.recorded import environment
-from flashlab.train import RecallConfig, RunConfig, Trainer
+from flashlab.bench.records import environment
+from flashlab.train.trainer import RecallConfig, RunConfig, Trainer
 
 
 def step_peak(vocab: int, precision: str, batch: int, seq_len: int) -> int:
-    """Peak bytes of one `flashlab.train.Trainer.train_step` (the second: AdamW's moments exist)."""
+    """Peak bytes of one `flashlab.train.trainer.Trainer.train_step` (the second: AdamW's moments exist)."""
     task = RecallConfig(seq_len=seq_len, num_pairs=min(512, seq_len // 8, vocab // 4), vocab_size=vocab, d_model=512,
                         n_layers=4, n_heads=8, attention="sdpa")
     trainer = Trainer(task, RunConfig(batch_size=batch, steps=2, precision=precision, device="cpu", progress=False))

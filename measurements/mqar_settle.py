@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from flashlab.recorded import environment
-from flashlab.train import Trainer, split_flat_config
+from flashlab.bench.records import environment
+from flashlab.train.trainer import Trainer, split_flat_config
 
 
 def main(out: str, minutes: float) -> None:

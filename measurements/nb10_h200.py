@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from flashlab import rel_error
-from flashlab.decode import choose_num_splits, decode_attention, reference_decode_attention, sm_count
-from flashlab.model import CausalTransformer
-from flashlab.packing import RepeatedPatternDocuments, training_throughput
-from flashlab.recorded import environment
-from flashlab.reference import TOLERANCE
-from flashlab.timing import time_graph_ms, time_ms
-from flashlab.varlen import cu_seqlens_from_lengths, reference_varlen_attention, varlen_attention
+from flashlab.api.decode import choose_num_splits, decode_attention, reference_decode_attention, sm_count
+from flashlab.api.varlen import cu_seqlens_from_lengths, reference_varlen_attention, varlen_attention
+from flashlab.bench.records import environment
+from flashlab.launch.timing import time_graph_ms, time_ms
+from flashlab.reference.float64 import TOLERANCE
+from flashlab.train.model import CausalTransformer
+from flashlab.train.packing import RepeatedPatternDocuments, training_throughput
 
 START = time.time()
 BUDGET_S = 6 * 60          # sections that would start after this are recorded as skipped (8 min in all)
@@ -58,7 +58,7 @@ def section(name):
 
 
 # The decode kernel's launch options for every timed row: `decode_launch_options` sets them to the
-# fastest it measured; the package's defaults (flashlab.decode.decode_block_sizes) until then.
+# fastest it measured; the package's defaults (flashlab.api.decode.decode_block_sizes) until then.
 DECODE_OPTIONS: dict = {}
 
 
@@ -385,11 +385,11 @@ def windows():
 @section("pytest (decode, varlen, dense windows, packing, exercises 10) on the GPU")
 def run_tests():
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--impl=solutions",
-           "tests/test_decode.py", "tests/test_varlen.py", "tests/test_packing.py", "tests/test_flash_triton.py",
-           "tests/test_attention.py::test_sliding_windows_match_reference",
-           "tests/test_attention.py::test_sliding_window_with_gqa_mask_dropout_and_half_precision",
-           "tests/test_attention.py::test_keys_outside_the_window_are_never_read",
-           "tests/test_ex10_split_kv_merge.py", "tests/test_ex10b_packing_windows.py"]
+           "tests/api/test_decode.py", "tests/api/test_varlen.py", "tests/train/test_packing.py", "tests/kernels/test_flash_triton.py",
+           "tests/api/test_attention.py::test_sliding_windows_match_reference",
+           "tests/api/test_attention.py::test_sliding_window_with_gqa_mask_dropout_and_half_precision",
+           "tests/api/test_attention.py::test_keys_outside_the_window_are_never_read",
+           "tests/exercises/test_ex10_split_kv_merge.py", "tests/exercises/test_ex10b_packing_windows.py"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, 470 - elapsed()))
     (OUT / "decode_varlen_tests.log").write_text(proc.stdout + proc.stderr)
     summary = [line for line in proc.stdout.splitlines() if " passed" in line or " failed" in line]

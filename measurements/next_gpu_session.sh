@@ -11,23 +11,23 @@ set -u
 phase=$1 out=$2
 gpu_suite() {   # seconds: the GPU tests of issues 17, 19 and 21, 8 workers; SIGINT at the limit lets
                 # pytest print its summary of what ran (step-and-verify's run of 2026-12-03 was
-                # before tests/test_dropin.py joined the list)
-  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_attention.py \
-    tests/test_flash_hopper.py tests/test_autotune.py tests/test_tf32.py tests/test_flash_small.py tests/test_dropin.py \
-    tests/test_qkvpacked.py \
+                # before tests/api/test_dropin.py joined the list)
+  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/api/test_attention.py \
+    tests/kernels/test_flash_hopper.py tests/launch/test_autotune.py tests/lessons/test_tf32.py tests/kernels/test_flash_small.py tests/api/test_dropin.py \
+    tests/api/test_qkvpacked.py \
     -k "gpu or hopper or tf32 or cuda or masked_everywhere or leading_dimensions or shifted_far or mask or shipped" -rf --tb=short > "$out/gpu_tests.log" 2>&1; tail -n 25 "$out/gpu_tests.log"
 }
 small_path_suite() {   # the small path's tests, which run on the GPU whatever their names (gpu_suite's -k
                        # filter leaves them out)
-  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
-    tests/test_qkvpacked.py -rf \
+  timeout -s INT -k 20 "$1" python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/kernels/test_flash_small.py \
+    tests/api/test_qkvpacked.py -rf \
     --tb=short > "$out/small_path_gpu_tests.log" 2>&1; tail -n 3 "$out/small_path_gpu_tests.log"
 }
 roofline_peaks() {   # notebook 02's two peaks: a bf16 8192³ matmul and a device-to-device copy (15 s)
   timeout 60 python -m measurements.roofline_peaks "$out" > "$out/roofline_peaks.log" 2>&1; tail -n 1 "$out/roofline_peaks.log"
 }
 qkvpacked_gpu_tests() {   # flashlab.attention_qkvpacked's tests on the GPU (70 s)
-  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_qkvpacked.py -rf --tb=short \
+  timeout -s INT 70 python -m pytest -q -p no:cacheprovider -o addopts= tests/api/test_qkvpacked.py -rf --tb=short \
     > "$out/qkvpacked_gpu_tests.log" 2>&1; tail -n 3 "$out/qkvpacked_gpu_tests.log"
 }
 d16_choices_and_encoder() {   # the small kernels' launch choices at D = 16, then the encoder step (300 s)
@@ -76,7 +76,7 @@ rl4co_step() {   # SECONDS [ARGS...]: the carried wheels (.whl/) installed to /t
 export PYTHONUNBUFFERED=1   # run from the repository root: python -m finds flashlab and measurements there
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 if [ "$phase" = check ]; then
-  timeout 400 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" \
+  timeout 400 python -m pytest -q -o addopts="" -p no:cacheprovider tests/api/test_attention.py -k "gpu" \
     --durations=15 > "$out/gpu_tests_attention.log" 2>&1; tail -n 25 "$out/gpu_tests_attention.log"
   timeout 120 python -m measurements.kernel_resources "$out/kernel_resources.json" > "$out/kernel_resources.log" 2>&1
   tail -n 4 "$out/kernel_resources.log"
@@ -88,7 +88,7 @@ elif [ "$phase" = mqar-seed1-and-check ]; then
   # 100% after 5 s of it), then as much of "check" as fits in the rest of the 10 minutes
   timeout 330 python -m measurements.long_context_mqar "$out" 0.5 1 2 1 > "$out/mqar.log" 2>&1; tail -n 3 "$out/mqar.log"
   rm -f "$out"/*/checkpoint_*.pt
-  timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k "gpu" -rf \
+  timeout 235 python -m pytest -q -o addopts="" -p no:cacheprovider tests/api/test_attention.py -k "gpu" -rf \
     --tb=line > "$out/gpu_tests_attention.log" 2>&1; tail -n 8 "$out/gpu_tests_attention.log"
 elif [ "$phase" = verify ]; then
   gpu_suite 420
@@ -106,11 +106,11 @@ elif [ "$phase" = checks ]; then
   # then, alone on the GPU, notebook 10's window timing
   for s in 0 1 2 3 4 5 6 7; do
     FLASHLAB_PROPERTY_SEED=$s FLASHLAB_PROPERTY_EXAMPLES=100 timeout 260 python -m pytest -q -p no:cacheprovider \
-      -o addopts= tests/test_attention_properties.py -rA --tb=short > "/tmp/property_seed$s.log" 2>&1 &
+      -o addopts= tests/api/test_attention_properties.py -rA --tb=short > "/tmp/property_seed$s.log" 2>&1 &
   done
-  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_attention.py -k window -rA \
+  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/api/test_attention.py -k window -rA \
     > "$out/window_tests.log" 2>&1; tail -n 3 "$out/window_tests.log"
-  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_autotune.py -k "tf32" -rA \
+  timeout 150 python -m pytest -q -p no:cacheprovider -o addopts= tests/launch/test_autotune.py -k "tf32" -rA \
     --tb=long > "$out/tf32.log" 2>&1; tail -n 30 "$out/tf32.log"
   wait
   for s in 0 1 2 3 4 5 6 7; do echo "== seed $s"; cat "/tmp/property_seed$s.log"; done > "$out/property_gpu.log"
@@ -154,10 +154,10 @@ elif [ "$phase" = small-table ]; then
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
 elif [ "$phase" = host-and-encoder ]; then
   # issue 19, 2026-12-04 (second session): where an eager small-path forward+backward spends its
-  # time, piece by piece, Triton's launch against flashlab.direct_launch (and whether the two give
+  # time, piece by piece, Triton's launch against flashlab.launch.direct (and whether the two give
   # identical bits); the direct launch's GPU tests; then the encoder step on the small path
   timeout 300 python -m measurements.small_host_time "$out" > "$out/small_host_time.log" 2>&1; tail -n 7 "$out/small_host_time.log"
-  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_direct_launch.py -rA --tb=short \
+  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/launch/test_direct_launch.py -rA --tb=short \
     > "$out/direct_launch_gpu_tests.log" 2>&1; tail -n 3 "$out/direct_launch_gpu_tests.log"
   small_path_suite 80      # the small path's own tests, now through the direct launch
   timeout 150 python -m measurements.small_graphs "$out" --sections tsp_encoder --budget-s 120 \
@@ -166,7 +166,7 @@ elif [ "$phase" = direct-table-encoder ]; then
   # issue 19, 2026-12-04 (second session), after host-and-encoder: the direct launch's GPU tests
   # (graph-capture test fixed), the table and the encoder step with the direct launch on, the
   # encoder step also captured whole in a CUDA graph; then a second sample of the host-time pieces
-  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_direct_launch.py -rA --tb=short \
+  timeout 90 python -m pytest -q -p no:cacheprovider -o addopts= tests/launch/test_direct_launch.py -rA --tb=short \
     > "$out/direct_launch_gpu_tests.log" 2>&1; tail -n 2 "$out/direct_launch_gpu_tests.log"
   timeout 230 python -m measurements.small_graphs "$out" --sections table tsp_encoder --budget-s 200 \
     > "$out/small_graphs.log" 2>&1; tail -n 12 "$out/small_graphs.log"
@@ -191,7 +191,7 @@ elif [ "$phase" = defaults-verify ]; then
 elif [ "$phase" = eager-host ]; then
   small_path_suite 90
   # the drop-in fixes of 2026-12-04's third session on CUDA tensors (autocast('cuda'), second derivatives, torch.func, ranks)
-  timeout 100 python -m pytest -q -p no:cacheprovider -o addopts= tests/test_dropin.py tests/test_attention.py \
+  timeout 100 python -m pytest -q -p no:cacheprovider -o addopts= tests/api/test_dropin.py tests/api/test_attention.py \
     -k "second_derivative or autocast or torch_func or ranks_that or argument_names or jit_trace" -rf --tb=short \
     > "$out/dropin_fixes_gpu_tests.log" 2>&1; tail -n 3 "$out/dropin_fixes_gpu_tests.log"
   timeout 60 python -m measurements.python_layers "$out" --label h200 > "$out/python_layers.log" 2>&1
@@ -203,8 +203,8 @@ elif [ "$phase" = eager-host ]; then
 elif [ "$phase" = mask-tests ]; then
   # 2026-12-06: each row's fix applied inside the backward kernels: every mask test of the drop-in, small-path,
   # transformers and attention files, then the measured comparison against each SDPA backend
-  timeout -s INT -k 20 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_dropin.py \
-    tests/test_flash_small.py tests/test_transformers.py tests/test_attention.py tests/test_direct_launch.py \
+  timeout -s INT -k 20 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/api/test_dropin.py \
+    tests/kernels/test_flash_small.py tests/api/test_transformers.py tests/api/test_attention.py tests/launch/test_direct_launch.py \
     -k "mask or finfo or shifted or padding or transformers or small or direct" -rf --tb=short \
     > "$out/mask_gpu_tests.log" 2>&1; tail -n 12 "$out/mask_gpu_tests.log"
   timeout 100 python -m measurements.masked_rows_grad_check "$out/masked_rows_grad_check.txt" 2>&1 | grep 'flashlab\|^N'
@@ -266,7 +266,7 @@ elif [ "$phase" = row-shared ]; then
   # its numbers (0.85 ms against 1.60 forward) were the row-shared code's. The mask tests with it on, then
   # mask_overhead_check with the switch off and on, same tree, four alternating runs (~5 min)
   FLASHLAB_MASK_ROW_SHARED=1 timeout -s INT -k 20 170 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 \
-    tests/test_dropin.py tests/test_attention.py tests/test_transformers.py \
+    tests/api/test_dropin.py tests/api/test_attention.py tests/api/test_transformers.py \
     -k "mask or padding or shared_row or finfo or shifted or transformers" -rf --tb=short \
     > "$out/row_shared_gpu_tests.log" 2>&1; tail -n 6 "$out/row_shared_gpu_tests.log"
   for on in 0 1 1 0; do
@@ -282,8 +282,8 @@ elif [ "$phase" = h200-or-small-row-shared ]; then
   # and the mask tests with it, then mask_overhead_check's small shapes (CUDA-graph replay) with 1 and all, same
   # tree, four alternating runs (~4 min). If all is faster, make it the small path's default too
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-in-one-call "$out"; fi
-  FLASHLAB_MASK_ROW_SHARED=all timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
-    tests/test_dropin.py tests/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
+  FLASHLAB_MASK_ROW_SHARED=all timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/kernels/test_flash_small.py \
+    tests/api/test_dropin.py tests/api/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
     -rf --tb=short > "$out/small_row_shared_gpu_tests.log" 2>&1; tail -n 4 "$out/small_row_shared_gpu_tests.log"
   for on in 1 all all 1; do
     i=$(( $(ls "$out" | grep -c "^small_mask_row_shared_${on}_.*json") + 1 ))
@@ -297,8 +297,8 @@ elif [ "$phase" = h200-targets-or-default-check ]; then
   # on an H200 h200-targets; on an H100 the small path's and the mask tests with that default, then
   # the grid once with the default and once with 0 (the copies' load everywhere)
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
-  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_small.py \
-    tests/test_dropin.py tests/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
+  timeout -s INT -k 20 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/kernels/test_flash_small.py \
+    tests/api/test_dropin.py tests/api/test_transformers.py -k "small or mask or padding or shared_row or finfo or transformers" \
     -rf --tb=short > "$out/default_gpu_tests.log" 2>&1; tail -n 4 "$out/default_gpu_tests.log"
   mask_grid "$out/grid_default.json" default
   FLASHLAB_MASK_ROW_SHARED=0 mask_grid "$out/grid_0.json" 0
@@ -320,15 +320,15 @@ elif [ "$phase" = h200-targets-or-fixes ]; then
   # (DDP's backend follows the run's device; the property test's seeds and P·|V| scale; the minimal kernel's
   # overflow test in fp16; the benchmark's row count; ipywidgets), then the property test at 500 examples (~4 min)
   if grep -q H200 "$out/gpu.txt"; then exec bash "$0" h200-targets "$out"; fi
-  timeout -s INT -k 10 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_trainer.py \
-    tests/test_kill_resume.py tests/test_attention.py -k "ddp or torchrun or backend or deterministic" -rfE --tb=short \
+  timeout -s INT -k 10 200 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/train/test_trainer.py \
+    tests/train/test_kill_resume.py tests/api/test_attention.py -k "ddp or torchrun or backend or deterministic" -rfE --tb=short \
     > "$out/fixes_ddp.log" 2>&1
   grep -v DEBUG "$out/fixes_ddp.log" | tail -n 12
-  timeout -s INT -k 10 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/test_flash_minimal.py \
-    tests/test_benchmarks.py tests/test_widgets.py -rfE --tb=short > "$out/fixes_other.log" 2>&1
+  timeout -s INT -k 10 150 python -m pytest -q -p no:cacheprovider -o addopts= -n 8 tests/lessons/test_flash_minimal.py \
+    tests/bench/test_benchmarks.py tests/lessons/test_widgets.py -rfE --tb=short > "$out/fixes_other.log" 2>&1
   grep -v DEBUG "$out/fixes_other.log" | tail -n 8
   FLASHLAB_PROPERTY_EXAMPLES=500 timeout -s INT -k 10 200 python -m pytest -q -p no:cacheprovider -o addopts= \
-    tests/test_attention_properties.py -rfE --tb=short > "$out/fixes_property.log" 2>&1; tail -n 12 "$out/fixes_property.log"
+    tests/api/test_attention_properties.py -rfE --tb=short > "$out/fixes_property.log" 2>&1; tail -n 12 "$out/fixes_property.log"
 elif [ "$phase" = h200-targets-or-all-tests ]; then
   # 2026-12-06 (eighth session, the budget's last call): on an H200 h200-targets; on an H100 every test in tests/
   # (not only gpu_suite's -k selection), 8 workers, for what the GPU machine's packages allow (~7 min)
@@ -361,7 +361,7 @@ elif [ "$phase" = small-row-shared-grid ]; then
   # switch's default and with all, then where the shared row pays: N = 20-128 x D = 16, 64, four alternating runs
   for on in 1 all; do
     FLASHLAB_MASK_ROW_SHARED=$on timeout -s INT -k 20 60 python -m pytest -q -p no:cacheprovider -o addopts= \
-      tests/test_dropin.py -k "shared_row or masked_everywhere_beside" -rf --tb=short > "$out/shared_row_tests_$on.log" 2>&1
+      tests/api/test_dropin.py -k "shared_row or masked_everywhere_beside" -rf --tb=short > "$out/shared_row_tests_$on.log" 2>&1
     tail -n 1 "$out/shared_row_tests_$on.log" | sed "s/^/switch $on: /"
   done
   for on in 1 all all 1; do
@@ -483,7 +483,7 @@ elif [ "$phase" = small ]; then
   tail -n 14 "$out/small_graphs.log"
 elif [ "$phase" = property ]; then
   FLASHLAB_PROPERTY_EXAMPLES=600 timeout 560 python -m pytest -q -p no:cacheprovider -o addopts= \
-    tests/test_attention_properties.py -rA > "$out/property_gpu.log" 2>&1; tail -n 5 "$out/property_gpu.log"
+    tests/api/test_attention_properties.py -rA > "$out/property_gpu.log" 2>&1; tail -n 5 "$out/property_gpu.log"
 else
   shift 2
   timeout 575 python -m flashlab bench --seq-lens 512 1024 2048 4096 8192 16384 --warmup-ms 10 --rep-ms 25 \

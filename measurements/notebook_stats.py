@@ -5,7 +5,7 @@
 
 Words count the markdown cells and the prose code renders with IPython.display.Markdown;
 figures are image outputs; exercises are the distinct exercise test files
-(`tests/test_exNN_….py`) a notebook's markdown tells the learner to run.
+(`tests/exercises/test_exNN_….py`) a notebook's markdown tells the learner to run.
 """
 
 import json

@@ -2,14 +2,15 @@
 
 Run on a GPU from the repository root: ``python -m measurements.probe_dk``.
 Found on 2026-12-02 (Triton 3.6): BLOCK_M < BLOCK_N with 2 stages gave dK errors of
-1-9%; equal blocks or one stage were exact. flashlab's dK/dV candidates (flashlab.autotune)
+1-9%; equal blocks or one stage were exact. flashlab's dK/dV candidates (flashlab.launch.autotune)
 keep the blocks equal when pipelined.
 """
 
 import torch
 
-import flashlab.flash_attention as flash
-from flashlab import autotune, reference_gradients, rel_error
+import flashlab.api.attention as flash
+from flashlab import reference_gradients, rel_error
+from flashlab.launch import autotune
 
 
 def dk_errors(dtype, n_q, n_k, head_dim, config):

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import sys
 
-from flashlab.recorded import environment
+from flashlab.bench.records import environment
 
 from .train_measurements import MODEL, attempt
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from flashlab import attention, attention_qkvpacked, flash_small
+from flashlab import attention, attention_qkvpacked
+from flashlab.launch import small as flash_small
 
 from .small_eager_profile import per_call_us
 from .small_host_time import EmptyFunction, ThinSmallAttention

@@ -47,12 +47,12 @@ VARIANTS = ("sdpa", "flashlab", "flashlab_encoder")
 
 
 def environment() -> dict:
-    """`flashlab.recorded.environment`, with the routing library's versions."""
+    """`flashlab.bench.records.environment`, with the routing library's versions."""
     import rl4co
     import tensordict
     import torchrl
 
-    from flashlab.recorded import environment as flashlab_environment
+    from flashlab.bench.records import environment as flashlab_environment
     return {**flashlab_environment(), "rl4co": rl4co.__version__, "torchrl": torchrl.__version__,
             "tensordict": tensordict.__version__}
 

@@ -1,11 +1,11 @@
 """The two numbers notebook 02's roofline rests on, measured on the GPU at hand: the bf16 matmul
 rate PyTorch reaches (8192 × 8192 × 8192, ``torch.matmul``) and the device-to-device copy
 bandwidth (a 2 GiB tensor copied, read + write counted), each timed by the project's GPU timer
-(`flashlab.timing.time_ms`: triton.testing.do_bench's median).
+(`flashlab.launch.timing.time_ms`: triton.testing.do_bench's median).
 
     PYTHONPATH=. python -m measurements.roofline_peaks OUT_DIR
 
-Writes OUT_DIR/roofline_peaks.json (with flashlab.recorded.environment(): which GPU).
+Writes OUT_DIR/roofline_peaks.json (with flashlab.bench.records.environment(): which GPU).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from flashlab.recorded import environment
-from flashlab.timing import time_ms
+from flashlab.bench.records import environment
+from flashlab.launch.timing import time_ms
 
 
 def measure() -> dict:
@@ -32,7 +32,7 @@ def measure() -> dict:
     return {"environment": environment(),
             "bf16_matmul": {"shape": [n, n, n], "ms": matmul_ms, "tflops": 2 * n**3 / matmul_ms / 1e9},
             "copy": {"bytes_read_and_written": moved, "ms": copy_ms, "tb_per_s": moved / copy_ms / 1e9},
-            "how": "flashlab.timing.time_ms (triton.testing.do_bench, median, 25 ms warm-up, 100 ms timed); "
+            "how": "flashlab.launch.timing.time_ms (triton.testing.do_bench, median, 25 ms warm-up, 100 ms timed); "
                    "matmul FLOPs 2·n³"}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from flashlab import flash_small
+from flashlab.launch import small as flash_small
 
 ROOT = Path(__file__).resolve().parents[1]
 

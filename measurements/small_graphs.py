@@ -1,5 +1,5 @@
 """GPU session for routing-model sizes (issue 19): flashlab's small-sequence path
-(flashlab/flash_small.py) against the general kernels and PyTorch's SDPA backends, timed
+(flashlab/launch/small.py) against the general kernels and PyTorch's SDPA backends, timed
 eagerly and as CUDA-graph replays, and in the TSP Attention Model's training step.
 
     PYTHONPATH=. python -m measurements.small_graphs OUT_DIR          # one H200, ≤ 5 minutes
@@ -101,16 +101,16 @@ def log(message: str) -> None:
 # -- timing ------------------------------------------------------------------------------------
 
 def eager_ms(fn, device, size) -> float:
-    from flashlab.timing import time_ms
+    from flashlab.launch.timing import time_ms
     return time_ms(fn, device, size["warmup_ms"], size["rep_ms"], cpu_runs=size["cpu_runs"])
 
 
 def graph_ms(fn, device, size):
-    """Replay time of ``fn`` captured in a CUDA graph (`flashlab.timing.time_graph_ms`); a string
+    """Replay time of ``fn`` captured in a CUDA graph (`flashlab.launch.timing.time_graph_ms`); a string
     saying why not where it cannot be."""
     if device != "cuda":
         return "CUDA graphs need a CUDA GPU"
-    from flashlab.timing import time_graph_ms
+    from flashlab.launch.timing import time_graph_ms
     return time_graph_ms(fn, size["warmup_ms"], size["rep_ms"])
 
 
@@ -121,9 +121,10 @@ def _refusal(exc: BaseException) -> str:
 # -- a. correctness -----------------------------------------------------------------------------
 
 def correctness(device, size, budget) -> dict:
-    from flashlab import flash_small, reference_attention, reference_gradients, rel_error
-    from flashlab.flash_attention import attention
-    from flashlab.reference import TOLERANCE
+    from flashlab import reference_attention, reference_gradients, rel_error
+    from flashlab.api.attention import attention
+    from flashlab.launch import small as flash_small
+    from flashlab.reference.float64 import TOLERANCE
     dtypes = [torch.bfloat16, torch.float16, torch.float32] if device == "cuda" else [torch.float32]
     B, H = size["correct_bh"]
     rows, skipped = [], 0
@@ -167,7 +168,7 @@ def correctness(device, size, budget) -> dict:
 def _implementations(device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flashlab.flash_attention import attention
+    from flashlab.api.attention import attention
 
     def sdpa(backend):
         def run(q, k, v):
@@ -246,7 +247,7 @@ def _encoder_step(attention_fn, coords, device, mode=None):
     """One encoder training step (forward, squared-output loss, backward, Adam) of a fresh seeded
     model; with ``mode`` the encoder compiled as the trainer compiles it (forward and its
     backward; Adam stays eager)."""
-    from flashlab.tsp import AttentionModel
+    from flashlab.train.tsp import AttentionModel
     torch.manual_seed(0)
     model = AttentionModel(attention_fn=attention_fn).to(device)
     encode = torch.compile(model.encode, mode=mode) if mode else model.encode
@@ -262,8 +263,8 @@ def _encoder_step(attention_fn, coords, device, mode=None):
 
 
 def tsp_encoder(device, size, budget) -> dict:
-    from flashlab.flash_attention import attention
-    from flashlab.tsp import random_instances
+    from flashlab.api.attention import attention
+    from flashlab.train.tsp import random_instances
     rows, skipped = [], []
     for n in size["tsp_nodes"]:
         if budget.over():
@@ -318,7 +319,7 @@ def _captured_encoder_step_ms(attention_fn, coords, size) -> float:
     as PyTorch's CUDA-graph documentation captures a whole network: warm-up steps on a side
     stream, then the capture; the replay's time is the GPU's alone. The model and the data are
     the eager and compiled columns' (same seed, same instances)."""
-    from flashlab.tsp import AttentionModel
+    from flashlab.train.tsp import AttentionModel
     torch.manual_seed(0)
     model = AttentionModel(attention_fn=attention_fn).to("cuda")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
@@ -356,8 +357,8 @@ TSP_TRAIN_VARIANTS = (                # (name, attention, small path, torch.comp
 def tsp_train(device, size, budget) -> dict:
     """The trainer's REINFORCE step, eager and compiled (`python -m flashlab train-tsp --compile`):
     warm-up steps first (compilation, CUDA-graph recording), then the timed ones."""
-    from flashlab.flash_attention import attention
-    from flashlab.tsp import AttentionModel, random_instances, tour_length
+    from flashlab.api.attention import attention
+    from flashlab.train.tsp import AttentionModel, random_instances, tour_length
     rows, skipped = [], []
     for n in size["train_nodes"]:
         for name, which, on, mode in TSP_TRAIN_VARIANTS:
@@ -429,8 +430,8 @@ _best_choices: dict = {}
 
 
 def choices(device, size, budget) -> dict:
-    from flashlab import flash_small
-    from flashlab.flash_attention import attention
+    from flashlab.api.attention import attention
+    from flashlab.launch import small as flash_small
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     B, H = size["table_bh"]
     rows, skipped = [], []
@@ -492,9 +493,9 @@ def encoder_tiles(device, size, budget) -> dict:
     fastest launches `choices` measured at that N and D = 16 (the model's head dimension), beside
     SDPA; interleaved over rounds, so that a difference is read against the rounds' spread. Needs
     `choices` earlier in the same run for the last variant only (the others are timed without it)."""
-    from flashlab import flash_small
-    from flashlab.flash_attention import attention
-    from flashlab.tsp import random_instances
+    from flashlab.api.attention import attention
+    from flashlab.launch import small as flash_small
+    from flashlab.train.tsp import random_instances
     rows, skipped = [], []
     for n in size["tsp_nodes"]:
         best = _best_choices.get((n, 16))
@@ -541,15 +542,15 @@ def encoder_tiles(device, size, budget) -> dict:
 def three_views(q, k, v, **kwargs):
     """`flashlab.attention` behind a wrapper: the encoder layer hands the packed form only to
     `flashlab.attention` itself, so it passes q, k, v as three views of its projection, as to SDPA."""
-    from flashlab.flash_attention import attention
+    from flashlab.api.attention import attention
     return attention(q, k, v, **kwargs)
 
 
 @contextlib.contextmanager
 def contiguous_output():
     """The small path with O allocated contiguous (B, H, N, D), as before 2026-12-05: the encoder
-    layer's transpose(1, 2).reshape then copies O (flashlab.layouts.output_like says why not)."""
-    from flashlab import flash_small
+    layer's transpose(1, 2).reshape then copies O (flashlab.launch.layouts.output_like says why not)."""
+    from flashlab.launch import small as flash_small
     saved = flash_small.output_layout
 
     def contiguous(q, value_dim=None):
@@ -612,7 +613,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "small_graphs.json"
-    from flashlab.recorded import environment
+    from flashlab.bench.records import environment
     budget = Budget(args.budget_s or (BUDGET_S if not args.smoke else 50.0))
     result = {"environment": environment(), "smoke": args.smoke, "budget_s": budget.seconds,
               "autotune": "off (FLASHLAB_AUTOTUNE=0)", "sizes": size, "sections": {}}

@@ -1,10 +1,10 @@
 """Where an eager small-path forward+backward spends its time on a GPU (issue 19), piece by piece,
-with Triton's launch and the direct launch (`flashlab.direct_launch`) side by side.
+with Triton's launch and the direct launch (`flashlab.launch.direct`) side by side.
 
     python -m measurements.small_host_time OUT_DIR [--calls 400]
 
 Every figure is wall-clock µs per call over ``--calls`` back-to-back calls, the GPU synchronised
-once before and once after (no L2 flush between calls, unlike `flashlab.timing.time_ms`: a
+once before and once after (no L2 flush between calls, unlike `flashlab.launch.timing.time_ms`: a
 training loop does not flush either), median of 5 repeats. A call shorter than its own host
 time is timed at its host time; the GPU time alone is the CUDA-graph replay. Pieces, at
 B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 16, 128 × 64:
@@ -16,7 +16,7 @@ B = 512, H = 8, bf16 (the routing encoder's attention) and N, D = 20/50/100 × 1
                     2026-12-04's third session through the small path's own Function, `flash_small.SmallAttention`)
   general_route_fwd_bwd  the same kernels through the general eager route attention took before,
                     `ops.EagerFlashAttention` (eleven inputs, `flash_launch`'s dispatch), called directly
-  bwd_direct_call   flashlab.ops.backward_kernels called on the main thread (no autograd engine)
+  bwd_direct_call   flashlab.api.ops.backward_kernels called on the main thread (no autograd engine)
   launch_fwd        the small forward kernel launched alone with prebuilt arguments
   empty_function    an autograd.Function whose forward and backward only allocate, fwd+bwd
                     (also with flashlab's eleven inputs and two outputs: ..._like_flashlab)
@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashlab import flash_small
+from flashlab.launch import small as flash_small
 
 from .small_eager_profile import per_call_us
 from .small_graphs import _implementations, _steps, switch
@@ -118,9 +118,11 @@ class ThinSmallAttention(torch.autograd.Function):
 
 
 def pieces(n: int, d: int, calls: int) -> dict:
-    from flashlab import attention, direct_launch, ops
-    from flashlab.flash_small import LOG2E, small_forward_kernel
-    from flashlab.timing import time_graph_ms
+    from flashlab import attention
+    from flashlab.api import ops
+    from flashlab.launch import direct as direct_launch
+    from flashlab.launch.small import LOG2E, small_forward_kernel
+    from flashlab.launch.timing import time_graph_ms
     q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn_like(q)
     scale = d ** -0.5
@@ -237,7 +239,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("FLASHLAB_AUTOTUNE", "0")
     import triton
 
-    from flashlab import direct_launch
+    from flashlab.launch import direct as direct_launch
     result = {"environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")},
               "how": __doc__, "B": B, "H": H, "dtype": "bfloat16", "calls": args.calls}

@@ -8,8 +8,8 @@ backend's), measured in the same run; ✗ marks a missed target, – a ratio wit
 import json
 import sys
 
-from flashlab.benchmarks.analysis import shapes, target_table
-from flashlab.recorded import describe
+from flashlab.bench.analysis import shapes, target_table
+from flashlab.bench.records import describe
 
 COLUMNS = [("fwd", "sdpa_flash"), ("fwd", "sdpa_cudnn"), ("fwd+bwd", "sdpa_flash"), ("fwd+bwd", "sdpa_cudnn"),
            ("memory fwd+bwd", "sdpa_flash")]

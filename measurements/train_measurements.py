@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from flashlab.benchmarks.train_step import measure_step
-from flashlab.recorded import environment
-from flashlab.train import split_flat_config
+from flashlab.bench.records import environment
+from flashlab.bench.train_step import measure_step
+from flashlab.train.trainer import split_flat_config
 
 MODEL = dict(seq_len=4096, num_pairs=512, vocab_size=8192, d_model=512, n_layers=4, n_heads=8, batch_size=8,
                     steps=10, warmup_steps=2, progress=False, device="cuda")

@@ -8,8 +8,8 @@ forward+backward in bf16, with extra memory (claim 5 of notebook 07).
 import json
 import sys
 
-from flashlab.benchmarks.encoder import benchmark_encoder
-from flashlab.recorded import environment
+from flashlab.bench.encoder import benchmark_encoder
+from flashlab.bench.records import environment
 
 NODES = [10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 

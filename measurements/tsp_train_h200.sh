@@ -46,7 +46,7 @@ evaluate() {
 }
 mkdir -p runs/tsp20 runs/tsp50
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python -m pytest -q -o addopts="" -p no:cacheprovider tests/test_attention.py -k 65535 2>&1 | tail -n 3
+python -m pytest -q -o addopts="" -p no:cacheprovider tests/api/test_attention.py -k 65535 2>&1 | tail -n 3
 if [ "$phase" = first ]; then
   train 20 "${TSP20_MIN:-8}" & p20=$!
   train 50 "${TSP50_FIRST_MIN:-8}" & p50=$!

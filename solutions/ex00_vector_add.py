@@ -1,10 +1,10 @@
-"""Exercise 00, reference answer: vector addition in Triton (as `flashlab/vector_add.py`)."""
+"""Exercise 00, reference answer: vector addition in Triton (as `flashlab/lessons/vector_add.py`)."""
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
+from flashlab.launch.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 
 @triton.jit

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlab.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
+from flashlab.launch.runtime import kernel_for  # compiled for CUDA tensors, Triton's interpreter for CPU ones
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Exercise 09, reference answer: the decoder's masked glimpse and pointer (as `flashlab.tsp`)."""
+"""Exercise 09, reference answer: the decoder's masked glimpse and pointer (as `flashlab.train.tsp`)."""
 
 import math
 

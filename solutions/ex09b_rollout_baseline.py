@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from flashlab.tsp_train import student_t_cdf
+from flashlab.train.tsp_train import student_t_cdf
 
 
 def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:

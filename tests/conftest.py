@@ -8,7 +8,7 @@ import pytest
 import torch
 
 # flashlab sets nothing process-wide (no TRITON_INTERPRET): a kernel launched on CPU tensors
-# through flashlab.runtime.kernel_for runs as an interpreted twin, chosen per call, and the root
+# through flashlab.launch.runtime.kernel_for runs as an interpreted twin, chosen per call, and the root
 # conftest.py's `exercise` fixture hands the exercise tests a module whose @triton.jit kernels
 # are already those twins. Any import order works: this import is left from when flashlab
 # switched the interpreter on at import.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..flash_attention import attention
+from flashlab.api.attention import attention
 
 NAME = "lab_attention"
 

@@ -1,0 +1,305 @@
+"""`varlen_attention`: attention over a packed batch of sequences of different lengths
+(FlashAttention's ``flash_attn_varlen_func`` layout), forward and backward, GQA, causal and
+sliding windows computed by skipping the key tiles outside the window.
+
+Packing: the tokens of all sequences stored back to back, ``(total_tokens, heads, D)``, with
+``cu_seqlens = [0, n_0, n_0 + n_1, …]`` (int32). A padded batch of B sequences padded to the
+longest, N_max, computes B·N_max² scores per head; packed, only Σ_b n_b² (within each sequence).
+The kernels are in `flashlab.kernels.varlen`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashlab.kernels.dense import LOG2E, flash_backward_preprocess_kernel
+from flashlab.kernels.varlen import varlen_backward_dkdv_kernel, varlen_backward_dq_kernel, varlen_forward_kernel
+from flashlab.launch import autotune
+from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
+from flashlab.launch.runtime import input_precision
+from flashlab.reference.checks import check_window, default_scale, finite_number, without_neg_views
+from flashlab.reference.first_order import first_order_only
+
+from .decode import launch
+
+
+def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
+    """Tile sizes and launch options per kernel. On a GPU: the default (first) configuration of
+    `flashlab.launch.autotune` for this GPU generation and head dimension, the tiles measured best for
+    the dense kernels of notebooks 05-06 (e.g. 128×64 forward, 64×64 backward at D ≤ 128 on an
+    H200). In the interpreter: 16×16 tiles (its cost is per op; small tiles also show the skipping)."""
+    if not device_is_gpu:
+        tiles = dict(BLOCK_M=16, BLOCK_N=16)
+        return {"forward": tiles, "dkdv": tiles, "dq": tiles}
+    capability = torch.cuda.get_device_capability()
+    return {kernel: autotune.candidates(kernel, head_dim, capability)[0].kwargs() for kernel in autotune.KERNELS}
+
+
+def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
+    """(left, right) as the kernels use it: query i sees key j iff −left ≤ j − (i + Lk − Lq) ≤ right.
+    An unbounded side (window entry −1, or no window) becomes a number no sequence reaches;
+    causal caps right at 0."""
+    unbounded = max_seqlen_q + max_seqlen_k + 1
+    left, right = (-1, -1) if window is None else window
+    left = unbounded if left < 0 else left
+    right = unbounded if right < 0 else right
+    if is_causal:
+        right = min(right, 0)
+    return left, right
+
+
+def key_tile_range(first_query: int, last_query: int, q_len: int, k_len: int, left: int, right: int,
+                   block_n: int) -> tuple[int, int]:
+    """The key range [lo, hi) the kernels loop over for query rows first_query..last_query of one
+    sequence: lo is the first key the band reaches rounded down to a tile start, hi one past
+    the last key it reaches (Python mirror of the kernels' loop bounds, for plots and tests)."""
+    shift = k_len - q_len
+    lo = max(0, first_query + shift - left) // block_n * block_n
+    hi = min(k_len, last_query + shift + right + 1)
+    return lo, max(lo, hi)
+
+
+def cu_seqlens_from_lengths(lengths, device=None) -> torch.Tensor:
+    """[0, n_0, n_0 + n_1, …]: where each packed sequence starts (int32, batch + 1 entries).
+    ``lengths``: a 1-D sequence of whole numbers ≥ 0 (a list, or an integer tensor)."""
+    given = torch.as_tensor(lengths, device=device)
+    if given.numel() == 0 and given.dim() == 1:
+        given = given.to(torch.int64)                 # [] is float32 to torch: no sequences
+    if given.dim() != 1 or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        raise ValueError(f"lengths: expected a 1-D sequence of whole numbers, got {given.dtype} of shape "
+                         f"{tuple(given.shape)}; pass e.g. [len(s) for s in sequences].")
+    if given.numel() and int(given.min()) < 0:
+        first = int((given < 0).nonzero()[0, 0])
+        raise ValueError(f"lengths: entry {first} is {int(given[first])}; a sequence has 0 or more tokens.")
+    return torch.nn.functional.pad(given.to(torch.int64).cumsum(0), (1, 0)).to(torch.int32)
+
+
+def _fail(argument: str, problem: str, fix: str) -> None:
+    raise ValueError(f"{argument}: {problem}. {fix}")
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            _fail(name, f"expected a 3-D tensor (total_tokens, heads, D), got "
+                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}",
+                  "Pack the sequences back to back: x.flatten(0, 1) of a (batch, N, heads, D) tensor, "
+                  "then drop the padding rows.")
+        if t.dtype not in KERNEL_DTYPES:
+            _fail(name, f"dtype {t.dtype} is not supported", "Use float16, bfloat16 or float32.")
+        if t.dtype != q.dtype or t.device != q.device:
+            _fail(name, f"is {t.dtype} on {t.device}, q is {q.dtype} on {q.device}",
+                  f"Use one dtype and device, e.g. {name}.to(q).")
+    if k.shape != v.shape:
+        _fail("v", f"shape {tuple(v.shape)} differs from k's {tuple(k.shape)}", "k and v need one row per key.")
+    if k.shape[2] != q.shape[2]:
+        _fail("k", f"head dimension {k.shape[2]} differs from q's {q.shape[2]}", "Use equal head dimensions.")
+    if q.shape[2] > MAX_HEAD_DIM:
+        _fail("q", f"head dimension {q.shape[2]} is not in 1..{MAX_HEAD_DIM}", "Split the heads.")
+    if q.shape[2] == 0:
+        _fail("q", "head dimension 0", "Pass at least one feature per head.")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        _fail("k" if q.shape[1] else "q", f"has no heads (q {q.shape[1]}, k {k.shape[1]})",
+              "Pass at least one head in q and in k, v.")
+    if q.shape[1] % k.shape[1]:
+        _fail("k", f"has {k.shape[1]} heads, which does not divide q's {q.shape[1]}",
+              "Grouped-query attention needs the kv heads to divide the q heads.")
+    for name, cu, total, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                     ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+            _fail(name, f"expected a 1-D int32 tensor (batch + 1,), got "
+                  f"{getattr(cu, 'dtype', type(cu).__name__)} {tuple(getattr(cu, 'shape', ()))}",
+                  "Build it with flashlab.api.varlen.cu_seqlens_from_lengths(lengths).")
+        if cu.device != q.device:
+            _fail(name, f"is on {cu.device} but q is on {q.device}", f"Move it with {name}.to(q.device).")
+        values = cu.tolist()
+        lengths = [b - a for a, b in zip(values[:-1], values[1:])]
+        if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths):
+            falls = next((i for i, n in enumerate(lengths) if n < 0), None)      # one entry, not the batch
+            got = (f"starts at {values[0]}" if values[0] != 0 else
+                   f"falls from {values[falls]} to {values[falls + 1]} at entry {falls + 1}" if falls is not None
+                   else f"ends at {values[-1]}")
+            _fail(name, f"must rise from 0 to the {total} packed tokens, but it {got}",
+                  "cu_seqlens[b] is where sequence b starts; cu_seqlens[-1] the total number of tokens.")
+        name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+        if isinstance(max_len, bool) or not isinstance(max_len, int):
+            _fail(name_max, f"expected a Python int, got {type(max_len).__name__} {max_len!r}",
+                  f"Pass int({name_max}), the length of the longest sequence.")
+        if max_len < max(lengths, default=0):
+            _fail(name_max, f"{max_len!r} is smaller than the longest sequence, {max(lengths, default=0)}",
+                  "Pass the length of the longest sequence (the grid is sized by it).")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        _fail("cu_seqlens_k", f"describes {cu_seqlens_k.numel() - 1} sequences, cu_seqlens_q "
+              f"{cu_seqlens_q.numel() - 1}", "Give both one entry per sequence, plus one.")
+    if scale is not None and not finite_number(scale):       # any finite scale, as FlashAttention's
+        _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
+    check_window(window)
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
+    """The forward kernel alone: O (total_q, heads, D) and L (heads, total_q), base 2."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    batch = cu_q.numel() - 1
+    blocks = varlen_block_sizes(q.device.type == "cuda", head_dim)["forward"]
+    # contiguous whatever q's strides: the backward's preprocess reads O with its head dimension
+    # contiguous (empty_like kept q's strides, and a q whose D had stride 2 gave wrong dq and dk)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=q.device)
+    num_m = _cdiv(max_q, blocks["BLOCK_M"])
+    if num_m * batch:
+        launch(varlen_forward_kernel, (num_m * batch * heads,),
+               q, k, v, cu_q, cu_k, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0),
+               heads, heads // k.shape[1], head_dim, num_m, scale * LOG2E, left, right,
+               BLOCK_D=_head_dim_args(head_dim)["BLOCK_D"], INPUT_PRECISION=precision, **blocks)
+    return out, lse
+
+
+def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
+    """D = rowsum(dO ∘ O) (notebook 06's preprocess kernel, the packed batch read as one
+    sequence), then the dK/dV pass and the dQ pass. Returns (dq, dk, dv)."""
+    heads, heads_k, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    batch, total_q = cu_q.numel() - 1, q.shape[0]
+    gpu = q.device.type == "cuda"
+    blocks = varlen_block_sizes(gpu, head_dim)
+    block_d = _head_dim_args(head_dim)["BLOCK_D"]
+    grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
+    delta = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)   # empty sequences: 0
+    if total_q:
+        rows = PREPROCESS_BLOCK[gpu]
+        launch(flash_backward_preprocess_kernel, (_cdiv(total_q, rows) * heads,),
+               out, grad_out, delta, 0, out.stride(1), out.stride(0),      # head dim contiguous
+               0, grad_out.stride(1), grad_out.stride(0), heads, total_q, head_dim,
+               BLOCK_M=rows, BLOCK_D=block_d)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), lse.stride(0))
+    num_n = _cdiv(max_k, blocks["dkdv"]["BLOCK_N"])
+    if num_n * batch:
+        launch(varlen_backward_dkdv_kernel, (num_n * batch * heads_k,),
+               q, k, v, grad_out, lse, delta, cu_q, cu_k, dk, dv, *strides, *dk.stride(), *dv.stride(),
+               heads_k, heads // heads_k, head_dim, num_n, scale * LOG2E, scale, left, right,
+               BLOCK_D=block_d, INPUT_PRECISION=precision, **blocks["dkdv"])
+    num_m = _cdiv(max_q, blocks["dq"]["BLOCK_M"])
+    if num_m * batch:
+        launch(varlen_backward_dq_kernel, (num_m * batch * heads,),
+               q, k, v, grad_out, lse, delta, cu_q, cu_k, dq, *strides, *dq.stride(),
+               heads, heads // heads_k, head_dim, num_m, scale * LOG2E, scale, left, right,
+               BLOCK_D=block_d, INPUT_PRECISION=precision, **blocks["dq"])
+    return dq, dk, dv
+
+
+class VarlenAttentionFunction(torch.autograd.Function):
+    """Saves q, k, v, O and the log-sum-exp; the backward recomputes P tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
+        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (max_q, max_k, scale, left, right, precision)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.args)
+        # a second derivative raises, never drops (flashlab/reference/first_order.py)
+        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None, None, None, None
+
+
+# Not a custom op: cu_seqlens are data that decide each program's sequence, which torch.compile cannot
+# trace. Disabled for the compiler, a call is a graph break in a compiled function (the rest compiles;
+# fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
+@torch.compiler.disable(reason="flashlab.varlen_attention is not a custom op (cu_seqlens decide each "
+                                "program's sequence); "
+                                "compile around it, or without fullgraph=True for a graph break here")
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
+                     window=None, *, exact_fp32=False):
+    """Attention within each sequence of a packed batch (FlashAttention's ``flash_attn_varlen_func``).
+
+    Args:
+        q: ``(total_q, heads, D)``; k, v: ``(total_k, heads_k, D)`` with heads_k dividing heads (GQA:
+            q head h reads kv head h // (heads / heads_k)). float16 / bfloat16 / float32.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(batch + 1,)``: sequence b is rows cu[b]..cu[b+1]−1.
+            Empty sequences are allowed (their rows, if any, are zeros).
+        max_seqlen_q, max_seqlen_k: the longest sequence's length (sizes the grid).
+        is_causal: query i sees keys j ≤ i + Lk − Lq (the diagonal aligned to the end of the keys,
+            FlashAttention's convention; top-left and bottom-right agree when Lq = Lk).
+        scale: default 1/sqrt(D).
+        window: ``(left, right)``: query i sees keys i + Lk − Lq − left … i + Lk − Lq + right; −1 is
+            unbounded on that side; ``(w, 0)`` with causal is a sliding window of w keys before
+            each query. Tiles outside the window are skipped, forward and backward.
+        exact_fp32: float32 inputs multiply exactly instead of in TF32 (on the GPU).
+
+    Returns:
+        ``(total_q, heads, D)``; a query with no key to attend to gives zeros (and zero gradients).
+
+    On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
+    limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `varlen_by_sequence`
+    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
+    """
+    if torch.compiler.is_exporting():
+        # torch.export traces through (compiler.disable does not apply there) and fails on the first
+        # look at cu_seqlens' values, in many lines of Dynamo's; say it in one
+        raise RuntimeError("varlen_attention: torch.export cannot trace it (cu_seqlens are data that decide the "
+                           "grid); export the model around it, or use flashlab.attention with a mask.")
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    q, k, v = without_neg_views(q, k, v)                # the kernels read storage
+    # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
+    # lies in memory gave other sequences' bounds, and reads past its end
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
+        # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.api.ops)
+        return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, is_causal, scale, window, exact_fp32=exact_fp32).to(q.dtype)
+    if q.device.type == "cpu" and not _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k):
+        # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
+        # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
+        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float32)
+    scale = default_scale(q.shape[-1], scale)
+    left, right = band(is_causal, window, max_seqlen_q, max_seqlen_k)
+    precision = input_precision(q.dtype, q.device, exact_fp32)
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right, precision)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return VarlenAttentionFunction.apply(q, k, v, *args)
+    return varlen_forward(q, k, v, *args)[0]
+
+
+def _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k) -> bool:
+    """A CPU call: whether the kernels run (in Triton's interpreter) rather than `varlen_by_sequence`,
+    by the rule of `flashlab.attention`: ``FLASHLAB_CPU_KERNELS`` unset or 1, and at most
+    ``INTERPRETER_MAX_TILES`` 32 × 32 tiles over every sequence and head (windows not counted off)."""
+    from flashlab.launch.interpreter_notice import INTERPRETER_BLOCK
+
+    from .attention import interpreted_tiles_allowed
+    lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
+    tiles = q.shape[1] * sum(_cdiv(a, INTERPRETER_BLOCK) * _cdiv(b, INTERPRETER_BLOCK)
+                             for a, b in zip(lengths_q, lengths_k))
+    return interpreted_tiles_allowed(tiles)
+
+
+def reference_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None, window=None):
+    """The ground truth in float64, one sequence at a time, with the window as an explicit
+    mask over all (query, key) pairs (differentiable, for gradient references)."""
+    return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float64)
+
+
+def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, dtype) -> torch.Tensor:
+    """Attention one sequence at a time in plain PyTorch, computed in ``dtype`` and returned in it: the
+    float64 reference, and (fp32) `varlen_attention`'s PyTorch path on a CPU. Differentiable; an
+    Lq × Lk score matrix per head of each sequence at a time."""
+    scale = default_scale(q.shape[-1], scale)
+    group = q.shape[1] // k.shape[1]
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    left, right = band(is_causal, window, q.shape[0], k.shape[0])
+    outs = []
+    for b in range(len(cq) - 1):
+        qb = q[cq[b]:cq[b + 1]].to(dtype).transpose(0, 1)                         # (heads, Lq, D)
+        kb = k[ck[b]:ck[b + 1]].to(dtype).repeat_interleave(group, 1).transpose(0, 1)
+        vb = v[ck[b]:ck[b + 1]].to(dtype).repeat_interleave(group, 1).transpose(0, 1)
+        n_q, n_k = qb.shape[1], kb.shape[1]
+        rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
+        keep = (rel >= -left) & (rel <= right)
+        scores = (qb @ kb.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+        weights = torch.softmax(scores, -1).masked_fill(~keep, 0.0)                # empty rows: 0, not NaN
+        outs.append((weights @ vb).transpose(0, 1))
+    return torch.cat(outs) if outs else q.to(dtype) * 0

@@ -1,0 +1,12 @@
+"""The benchmark harness: the top layer of flashlab, which may import every implementation.
+
+- `flashlab.bench.attention`: flashlab vs naive, SDPA's backends, FlexAttention (notebook 07,
+  ``python -m flashlab bench``).
+- `flashlab.bench.softmax`: the fused softmax vs PyTorch's (notebook 02).
+- `flashlab.bench.encoder`: the TSP Attention Model's encoder per attention (notebook 09).
+- `flashlab.bench.train_step`: one trainer configuration's step time, memory and MFU.
+- `flashlab.bench.analysis`: reading benchmark records: targets, ratios, fits, plots.
+
+The measuring primitives they share (timers, FLOP counts, peak FLOP/s) are `flashlab.launch.timing`,
+at the bottom, so that the autotuner and the trainer can time things without importing this.
+"""

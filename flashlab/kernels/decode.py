@@ -1,0 +1,159 @@
+"""Decoding attention in Triton: a few new queries against a long KV cache, split over the keys.
+
+At decode time each sequence brings seqlen_q (often 1) new query rows per head, and the cache
+holds seqlen_cache keys. One program per (batch, head) would leave most of the GPU idle and
+stream the whole cache through a handful of SMs, so the keys are cut into ``num_splits``
+ranges, each handled by its own program (split-KV, "flash-decoding"):
+
+    split kernel   one program per (query-row block, batch·kv head, split s):
+                   Q_g = the query rows of every q head of the kv head's group, stacked into
+                   one (seqlen_q·GROUP, D) tile, so each K/V block is read ONCE for the group;
+                   for each key block j of split s (paged: rows gathered through the block
+                   table):  S = Q_g K_jᵀ·scale·log2 e,  online softmax (m, l, acc) as in
+                   notebook 05;  writes O_s = acc / l and L_s = m + log2 l  (base 2)
+    merge kernel   one program per block of output rows: the states (L_s, O_s) of the splits
+                   combine with notebook 03's merge (flashlab.reference.online_softmax.merge): a part
+                   with normalised output O_s and log-sum-exp L_s is the state (m, l) = (L_s, 1):
+                       m = max_s L_s,   w_s = 2^(L_s − m),   O = Σ_s w_s O_s / Σ_s w_s,
+                       L = m + log2 Σ_s w_s
+With one split the split kernel writes the final output itself and no merge runs.
+
+Causal alignment is to the END of the cache (FlashAttention's convention): query i of
+seqlen_q is the token at position seqlen − seqlen_q + i and sees keys j ≤ seqlen − seqlen_q + i.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .dense import dot  # tl.dot with TF32 operands rounded to nearest
+from .varlen import online_softmax_step  # the online-softmax update, shared
+
+
+@triton.jit
+def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
+                PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
+    """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D).
+
+    Contiguous cache (batch, seqlen_cache, heads_k, D): row j of sequence z is at z·sb + j·sn.
+    Paged cache (num_blocks, page_size, heads_k, D): row j lives in page j // page_size of the
+    sequence, whose physical block is block_table[z, j // page_size], at offset j % page_size.
+    When pages are a whole number of key tiles (PAGE_ALIGNED), the tile lies in one page: one
+    block-table entry per tile instead of one per row, and the rows are consecutive as in a
+    contiguous cache."""
+    if PAGE_ALIGNED:
+        block = tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
+        row = block.to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
+    elif PAGED:
+        block = tl.load(BLOCK_TABLE + z * sbtz + (cols // page_size) * sbtp, mask=col_ok, other=0)
+        row = block.to(tl.int64) * sb + (cols % page_size) * sn
+    else:
+        row = z.to(tl.int64) * sb + cols * sn
+    return CACHE + row[:, None] + kv_h * sh + offs_d[None, :] * sd
+
+
+@triton.jit
+def decode_split_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, O_PART, LSE_PART,
+    sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
+    soz, som, soh, sod,
+    H_KV, n_q, head_dim, GROUP, num_splits, page_size, qk_scale,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    # 1-D grid: splits fastest, then row blocks, then batch·kv head
+    rows_total = n_q * GROUP
+    num_row_blocks = tl.cdiv(rows_total, BLOCK_M)
+    split = tl.program_id(0) % num_splits
+    rest = tl.program_id(0) // num_splits
+    row_block = rest % num_row_blocks
+    zh = rest // num_row_blocks
+    z, kv_h = zh // H_KV, zh % H_KV
+    H = H_KV * GROUP
+
+    # stacked rows r = i·GROUP + g: query position i, q head kv_h·GROUP + g
+    offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < rows_total
+    qi = offs_r // GROUP
+    h = kv_h * GROUP + offs_r % GROUP
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    q = tl.load(Q + z.to(tl.int64) * sqz + qi[:, None] * sqm + h[:, None] * sqh + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    seqlen = tl.load(SEQLENS + z)
+    # this split's key range: whole BLOCK_N tiles, shared out evenly over the splits
+    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
+    last_key = seqlen - n_q + qi                      # causal, aligned to the end of the cache
+    if IS_CAUSAL:                                     # tiles past the block's last query's keys: skipped
+        last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
+        hi = tl.minimum(hi, seqlen - n_q + last_q + 1)
+
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < hi
+        kv_ok = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(_cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
+                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
+        v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
+                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
+        s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale     # S = Q Kᵀ·scale·log2 e
+        valid = col_ok[None, :] & row_ok[:, None]
+        if IS_CAUSAL:
+            valid = valid & (cols[None, :] <= last_key[:, None])
+        s = tl.where(valid, s, -float("inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
+
+    has_key = l_i > 0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]                # a row with no key: 0, not 0/0
+    lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), -float("inf"))
+    flat = (z * n_q + qi) * H + h                                 # row of the (B, Sq, H) output
+    if WRITE_FINAL:
+        tl.store(O + z.to(tl.int64) * soz + qi[:, None] * som + h[:, None] * soh + offs_d[None, :] * sod,
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + flat, lse, mask=row_ok)
+    else:                                                         # partials: (B·Sq·H, splits, D) fp32
+        part = flat.to(tl.int64) * num_splits + split
+        tl.store(O_PART + part[:, None] * head_dim + offs_d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE_PART + part, lse, mask=row_ok)
+
+
+@triton.jit
+def decode_merge_kernel(O_PART, LSE_PART, O, LSE, soz, som, soh, sod, n_rows, n_q, H, head_dim, num_splits,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merges the splits of BLOCK_R output rows (flattened (batch, query, head)) with the
+    online-softmax merge, one split at a time (flashlab.reference.online_softmax.merge, in base 2)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_r < n_rows
+    ok = row_ok[:, None] & (offs_d < head_dim)[None, :]
+    m = tl.full([BLOCK_R], -float("inf"), tl.float32)
+    l = tl.zeros([BLOCK_R], tl.float32)  # noqa: E741 - the paper's name
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s in range(0, num_splits):
+        part = offs_r.to(tl.int64) * num_splits + s
+        lse_s = tl.load(LSE_PART + part, mask=row_ok, other=-float("inf"))
+        o_s = tl.load(O_PART + part[:, None] * head_dim + offs_d[None, :], mask=ok, other=0.0)
+        m_new = tl.maximum(m, lse_s)                              # m = max(m_a, m_b)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_safe)                          # l_a·2^(m_a − m) …
+        w = tl.math.exp2(lse_s - m_safe)                          # … + l_b·2^(m_b − m), l_b = 1
+        l = l * alpha + w  # noqa: E741
+        acc = acc * alpha[:, None] + w[:, None] * o_s             # outputs weighted the same way
+        m = m_new
+    has_key = l > 0
+    o = acc / tl.where(has_key, l, 1.0)[:, None]
+    lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), -float("inf"))
+    h = offs_r % H
+    qi = (offs_r // H) % n_q
+    z = offs_r // (H * n_q)
+    tl.store(O + z.to(tl.int64)[:, None] * soz + qi[:, None] * som + h[:, None] * soh + offs_d[None, :] * sod,
+             o.to(O.dtype.element_ty), mask=ok)
+    tl.store(LSE + offs_r, lse, mask=row_ok)

@@ -1,0 +1,403 @@
+"""decode_attention against per-sequence float64 references: contiguous and paged caches
+(pages shuffled), empty and length-1 caches, ragged lengths, GQA, seqlen_q 1 and > 1,
+one split and many; the log-sum-exp; the split heuristic; bad inputs."""
+
+import pytest
+import torch
+
+from flashlab import assert_close
+from flashlab.api.decode import (
+    choose_num_splits,
+    decode_attention,
+    reference_decode_attention,
+)
+from flashlab.lessons.traffic import decode_flops, decode_traffic
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cache(batch, capacity, heads_k, head_dim, dtype=torch.float32):
+    shape = (batch, capacity, heads_k, head_dim)
+    return torch.randn(shape, dtype=dtype, device=DEVICE), torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+def _paged(lengths, page_size, heads_k, head_dim, spare_blocks=3, dtype=torch.float32):
+    """A paged cache with every sequence's pages scattered in a shuffled pool of blocks."""
+    pages = [-(-n // page_size) for n in lengths]
+    max_pages = max(1, max(pages))
+    num_blocks = sum(pages) + spare_blocks
+    k = torch.randn(num_blocks, page_size, heads_k, head_dim, dtype=dtype, device=DEVICE)
+    v = torch.randn(num_blocks, page_size, heads_k, head_dim, dtype=dtype, device=DEVICE)
+    pool = torch.randperm(num_blocks).tolist()
+    table = torch.zeros(len(lengths), max_pages, dtype=torch.int32)
+    for b, n in enumerate(pages):
+        table[b, :n] = torch.tensor(pool[:n], dtype=torch.int32)
+        pool = pool[n:]
+    return k, v, table.to(DEVICE)
+
+
+def _lengths(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 16, None])
+@pytest.mark.parametrize("heads,heads_k", [(2, 2), (4, 2), (4, 1)])
+def test_contiguous_ragged_lengths(num_splits, heads, heads_k):
+    lengths = [0, 1, 37, 96]                  # empty, one key, ragged, a whole number of tiles
+    q = torch.randn(len(lengths), 1, heads, 16, device=DEVICE)
+    k, v = _cache(len(lengths), 100, heads_k, 16)
+    out = decode_attention(q, k, v, _lengths(lengths), num_splits=num_splits)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths)))
+    assert (out[0] == 0).all(), "a sequence with an empty cache must give zeros"
+
+
+@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("page_size", [16, 8, 64])   # 64: whole key tiles per page (CPU 32, GPU 64)
+def test_paged_shuffled_pages(num_splits, page_size):
+    lengths = [45, 1, 0, 64]
+    k, v, table = _paged(lengths, page_size, heads_k=2, head_dim=16)
+    q = torch.randn(len(lengths), 1, 4, 16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table))
+
+
+def test_paged_equals_contiguous():
+    """The same tokens in a contiguous and in a shuffled paged cache give the same output."""
+    lengths = [30, 17]
+    k, v, table = _paged(lengths, 8, heads_k=1, head_dim=16, spare_blocks=0)
+    contiguous_k = torch.stack([k[table[b].long()].flatten(0, 1) for b in range(2)])
+    contiguous_v = torch.stack([v[table[b].long()].flatten(0, 1) for b in range(2)])
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    paged = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=2)
+    flat = decode_attention(q, contiguous_k, contiguous_v, _lengths(lengths), num_splits=2)
+    assert_close(paged, flat, tol=1e-6)
+
+
+@pytest.mark.parametrize("seqlen_q", [2, 5])
+@pytest.mark.parametrize("paged", [False, True])
+def test_several_new_tokens_causal_to_the_end_of_the_cache(seqlen_q, paged):
+    """Query i sees keys ≤ length − seqlen_q + i; a cache shorter than seqlen_q leaves the first
+    rows with no key (zeros)."""
+    lengths = [40, 3, 1]
+    heads, heads_k = 6, 2
+    q = torch.randn(len(lengths), seqlen_q, heads, 16, device=DEVICE)
+    if paged:
+        k, v, table = _paged(lengths, 16, heads_k, 16)
+    else:
+        (k, v), table = _cache(len(lengths), 48, heads_k, 16), None
+    ref = reference_decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=True)
+    for num_splits in (1, 3):
+        out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits, causal=True)
+        assert_close(out, ref)
+    non_causal = decode_attention(q, k, v, _lengths(lengths), block_table=table)    # FlashAttention's default
+    assert_close(non_causal, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table,
+                                                        causal=False))
+    assert (non_causal - out).abs().max() > 1e-3, "causal and not must differ for seqlen_q > 1"
+
+
+def test_many_stacked_rows_use_several_row_blocks():
+    """seqlen_q · group = 8 · 16 = 128 rows: more than one stacked tile per kv head."""
+    q = torch.randn(1, 8, 16, 16, device=DEVICE)
+    k, v = _cache(1, 50, 1, 16)
+    out = decode_attention(q, k, v, _lengths([50]), num_splits=2)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([50])))
+
+
+def test_log_sum_exp_and_head_dim_not_power_of_two():
+    lengths = [33, 0]
+    q = torch.randn(2, 1, 2, 24, device=DEVICE)
+    k, v = _cache(2, 40, 2, 24)
+    out, lse = decode_attention(q, k, v, _lengths(lengths), num_splits=4, scale=0.3, return_lse=True)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), scale=0.3))
+    scores = torch.einsum("hd,nhd->hn", q[0, 0].double(), k[0, :33].double()) * 0.3
+    assert lse.shape == (2, 2, 1)
+    assert_close(lse[0, :, 0], torch.logsumexp(scores, -1), what="lse")
+    assert torch.isneginf(lse[1]).all(), "an empty cache has log-sum-exp −inf"
+
+
+def test_half_precision():
+    dtype = torch.float16                     # bf16: GPU only (wrong in the interpreter)
+    q = torch.randn(2, 1, 4, 32, dtype=dtype, device=DEVICE)
+    k, v = _cache(2, 70, 2, 32, dtype=dtype)
+    out = decode_attention(q, k, v, _lengths([70, 9]), num_splits=3)
+    assert out.dtype == dtype
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([70, 9])), dtype=dtype)
+
+
+def test_bfloat16_everywhere():
+    """bf16 on CPU is computed in fp32 (the interpreter's bf16 sums are wrong: ~1e9 before this
+    was fixed); on a GPU in bf16. Both within bf16's tolerance of float64, lse included."""
+    q = torch.randn(2, 3, 4, 16, dtype=torch.bfloat16, device=DEVICE)
+    k, v = _cache(2, 40, 2, 16, dtype=torch.bfloat16)
+    out, lse = decode_attention(q, k, v, _lengths([40, 7]), num_splits=2, causal=True, return_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([40, 7]), causal=True), dtype=torch.bfloat16)
+    fp32 = decode_attention(q.float(), k.float(), v.float(), _lengths([40, 7]), num_splits=2, causal=True,
+                            return_lse=True)[1]
+    assert_close(lse, fp32, tol=1e-2, what="lse")
+
+
+def test_block_table_entries_past_the_last_page_are_not_checked_or_read():
+    """FlashAttention-style −1 padding after a sequence's last page is accepted; a −1 inside the
+    pages a sequence uses is refused (on CPU, or with check_contents=True)."""
+    k, v, table = _paged([10, 16], 8, heads_k=1, head_dim=16, spare_blocks=0)
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    padded = torch.cat([table, torch.full((2, 2), -1, dtype=torch.int32, device=table.device)], 1)
+    out = decode_attention(q, k, v, _lengths([10, 16]), block_table=padded, check_contents=True)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([10, 16]), block_table=table))
+    broken = padded.clone()
+    broken[1, 1] = -1                                                # page 1 of sequence 1 holds tokens 8..15
+    with pytest.raises(ValueError, match="block_table: a page that holds cached tokens"):
+        decode_attention(q, k, v, _lengths([10, 16]), block_table=broken, check_contents=True)
+
+
+def test_pages_smaller_than_the_key_tile_get_tiles_of_one_page():
+    from flashlab.api.decode import tiles_for_pages
+    h200 = dict(BLOCK_N=128, num_warps=4, num_stages=2)
+    assert tiles_for_pages(h200, 64) == dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    assert tiles_for_pages(h200, 32)["BLOCK_N"] == 32
+    assert tiles_for_pages(h200, 256) == h200 and tiles_for_pages(h200, 128) == h200   # whole tiles per page
+    assert tiles_for_pages(h200, 16) == h200 and tiles_for_pages(h200, 48) == h200     # row gather
+
+
+def test_num_splits_zero_means_choose():
+    q = torch.randn(1, 1, 2, 16, device=DEVICE)
+    k, v = _cache(1, 64, 2, 16)
+    assert_close(decode_attention(q, k, v, _lengths([64]), num_splits=0),
+                 decode_attention(q, k, v, _lengths([64]), num_splits=None), tol=1e-6)
+
+
+def test_more_splits_than_tiles_are_dropped():
+    # 100 keys are 2-4 key tiles: a million splits would ask for a partial (O, L) buffer of
+    # 2·2·10^6·16 floats (256 MB) and a million empty programs; the extra splits are left out
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    k, v = _cache(2, 100, 2, 16)
+    lengths = _lengths([100, 9])
+    reference = reference_decode_attention(q, k, v, lengths)
+    for num_splits in (4, 10**6):
+        out = decode_attention(q, k, v, lengths, num_splits=num_splits)
+        assert_close(out, reference)
+
+
+@pytest.mark.gpu
+def test_bfloat16_on_gpu():
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device=DEVICE)
+    k, v = _cache(2, 5000, 2, 128, dtype=torch.bfloat16)
+    out = decode_attention(q, k, v, _lengths([5000, 77]))
+    assert_close(out, reference_decode_attention(q, k, v, _lengths([5000, 77])), dtype=torch.bfloat16)
+
+
+def test_split_heuristic():
+    # plenty of programs already: no split
+    assert choose_num_splits(programs_without_split=300, max_seqlen_cache=65536, block_n=64, num_sms=132) == 1
+    # batch 1, 8 kv heads, 64k cache: enough splits for two waves on 132 SMs
+    splits = choose_num_splits(8, 65536, 64, 132)
+    assert 8 * splits >= 0.95 * 2 * 132 and splits <= 128      # about two waves (33 asked, 32 carry the tiles)
+    for programs, cache in ((8, 65536), (8, 65536 + 64), (3, 5000), (1, 64 * 37)):
+        splits, tiles = choose_num_splits(programs, cache, 64, 132), -(-cache // 64)
+        per = -(-tiles // splits)                               # the kernel's whole tiles per split
+        assert (splits - 1) * per < tiles, f"an empty split: {splits} splits of {per} tiles for {tiles}"
+    # a short cache cannot be split finer than its tiles allow
+    assert choose_num_splits(1, 100, 64, 132) == 1
+    assert choose_num_splits(1, 64 * 10, 64, 132) == 5
+
+
+def test_decode_traffic_is_the_cache():
+    steps = decode_traffic(1, 1, 8, 8, 128, 65536, torch.float16)
+    cache = next(s for s in steps if "cache" in s.name)
+    assert cache.total == 2 * 65536 * 8 * 128 * 2
+    # one query per kv head at fp16: 4·D FLOPs per key against 2·2·D bytes of K and V: 1 FLOP/byte
+    intensity = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in steps)
+    assert 0.99 < intensity < 1.0
+    # a group of 8 q heads shares each K/V read: 8× the intensity
+    grouped = decode_flops(1, 1, 8, 128, 65536) / sum(s.total for s in decode_traffic(1, 1, 8, 1, 128, 65536))
+    assert 7.9 < grouped < 8.0
+    assert len(decode_traffic(1, 1, 8, 8, 128, 65536, num_splits=4)) == 3
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k, v = _cache(2, 32, 2, 16)
+    ok = _lengths([3, 4])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, [3, 4])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, _lengths([3, 33]), check_contents=True)   # longer than the cache
+    with pytest.raises(ValueError, match="k_cache"):
+        decode_attention(q, k[:, :, :1].expand(2, 32, 3, 16), v, ok)  # 3 kv heads do not divide 4
+    with pytest.raises(ValueError, match=r"q\.transpose\(1, 2\)"):
+        decode_attention(q.transpose(1, 2), k, v, ok)                  # (batch, heads, 1, D) by mistake
+    with pytest.raises(ValueError, match="v_cache"):
+        decode_attention(q, k, v[:, :16], ok)
+    with pytest.raises(ValueError, match="q"):
+        decode_attention(q[0], k, v, ok)
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_attention(q, k, v, ok, num_splits=-1)          # (0 is FlashAttention's "choose")
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k, v, ok, block_table=torch.zeros(2, 2, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k, v, ok, block_table=torch.full((2, 2), 5, dtype=torch.int32, device=DEVICE),
+                         check_contents=True)
+    with pytest.raises(ValueError, match="k_cache"):
+        decode_attention(q, k.double(), v, ok)
+
+
+def test_strided_cache_lengths_are_read_as_their_values():
+    """A practitioner's trial: an int32 cache_seqlens that is a strided view (x[::2]) was read by the
+    kernel as it lies in memory (lengths 5, 0, 33 for 5, 33, 64), silently; int64 worked only
+    because the cast to int32 copied it."""
+    lengths = torch.tensor([5, 0, 33, 0, 64, 0], dtype=torch.int32, device=DEVICE)[::2]
+    assert not lengths.is_contiguous()
+    q = torch.randn(3, 1, 4, 16, device=DEVICE)
+    k, v = _cache(3, 70, 2, 16)
+    for num_splits in (1, 3):
+        assert_close(decode_attention(q, k, v, lengths, num_splits=num_splits),
+                     reference_decode_attention(q, k, v, lengths.contiguous()))
+
+
+def test_errors_name_one_bad_length_and_zero_heads():
+    """A bad length among a thousand was reported with all of them (3,122 characters); zero heads
+    raised a bare ZeroDivisionError."""
+    q = torch.randn(1000, 1, 2, 16, device=DEVICE)
+    k, v = _cache(1000, 8, 2, 16)
+    lengths = torch.full((1000,), 3, dtype=torch.int32, device=DEVICE)
+    lengths[617] = 9
+    with pytest.raises(ValueError) as error:
+        decode_attention(q, k, v, lengths, check_contents=True)
+    assert str(error.value).startswith("cache_seqlens: lengths must lie in [0, 8], got 9 for sequence 617.")
+    assert len(str(error.value)) < 200, str(error.value)
+    with pytest.raises(ValueError, match="^k_cache: has no heads"):
+        decode_attention(q[:2], k[:2, :, :0], v[:2, :, :0], lengths[:2])
+    with pytest.raises(ValueError, match="^q: has no heads"):
+        decode_attention(q[:2, :, :0], k[:2], v[:2], lengths[:2])
+
+
+def test_contents_checked_by_default_on_cpu_only():
+    """On CPU the lengths are checked without being asked; on a GPU only when asked, since
+    reading them back would stop the host on every decoding step."""
+    q = torch.randn(1, 1, 2, 16)
+    k, v = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, torch.tensor([9], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_decode_step_captures_in_a_cuda_graph():
+    """A decoding step has no host synchronisation: it captures in a CUDA graph, and replaying
+    the graph after the cache grew gives the new answer."""
+    lengths = _lengths([100, 700])
+    q = torch.randn(2, 1, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    k, v = _cache(2, 1024, 2, 64, dtype=torch.bfloat16)
+    decode_attention(q, k, v, lengths)                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k, v, lengths)
+    lengths.copy_(_lengths([101, 1024]))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, reference_decode_attention(q, k, v, lengths), tol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_head_dims_on_gpu(head_dim):
+    lengths = [3000, 1, 0]
+    k, v, table = _paged(lengths, 256, heads_k=2, head_dim=head_dim, dtype=torch.float16)
+    q = torch.randn(3, 2, 8, head_dim, dtype=torch.float16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table), dtype=torch.float16)
+
+
+def test_no_backward_is_said_not_a_silent_stop():
+    """decode_attention has no backward. Its output used to come back without a graph when q
+    required grad, so a loss through it silently got no gradient from attention (a practitioner's
+    trial); now a backward through it raises, and under no_grad nothing changes."""
+    k, v = _cache(2, 20, 2, 16)
+    q = torch.randn(2, 1, 4, 16, device=DEVICE, requires_grad=True)
+    lengths = _lengths([5, 20])
+    out = decode_attention(q, k, v, lengths)
+    assert out.requires_grad
+    assert_close(out, reference_decode_attention(q, k, v, lengths))
+    with pytest.raises(RuntimeError, match="decode_attention has no backward"):
+        out.sum().backward()
+    with torch.no_grad():
+        assert not decode_attention(q, k, v, lengths).requires_grad
+    out, lse = decode_attention(q.detach(), k, v, lengths, return_lse=True)
+    assert not out.requires_grad and lse.shape == (2, 4, 1)
+
+
+def test_any_finite_scale_and_none_other():
+    """Any finite scale, as FlashAttention's and flashlab.attention's (0 and negative were refused)."""
+    k, v = _cache(2, 20, 2, 16)
+    q = torch.randn(2, 1, 2, 16, device=DEVICE)
+    lengths = _lengths([5, 20])
+    for scale in (0.0, -0.5):
+        assert_close(decode_attention(q, k, v, lengths, scale=scale),
+                     reference_decode_attention(q, k, v, lengths, scale=scale))
+    for bad in (float("nan"), float("inf"), True, "0.5"):
+        with pytest.raises(ValueError, match="scale: expected a finite number or None"):
+            decode_attention(q, k, v, lengths, scale=bad)
+
+
+def test_torch_compile_breaks_the_graph_at_the_call():
+    """decode_attention is not a custom op: a compiled function around it runs, with a graph break
+    at the call (before: a crash inside Dynamo), and fullgraph=True names the function and what to do."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k_cache, v_cache, lengths):
+        return decode_attention(q, k_cache, v_cache, lengths) * 2
+
+    want = step(q, k_cache, v_cache, lengths)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(step, backend="eager")(q, k_cache, v_cache, lengths), want)
+    torch._dynamo.reset()                      # else the compiled frames above are reused
+    with pytest.raises(Exception, match="decode_attention is not a custom op.*compile around it"):
+        torch.compile(step, backend="eager", fullgraph=True)(q, k_cache, v_cache, lengths)
+
+
+def test_torch_export_is_refused_in_one_line():
+    """torch.export traces through compiler.disable and failed on the lengths' values with Dynamo's
+    many-line data-dependent-guard error; it is now one line that says what to do."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k_cache, v_cache, lengths):
+            return decode_attention(q, k_cache, v_cache, lengths)
+
+    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.export cannot trace it \(cache_seqlens"):
+        torch.export.export(Step(), (q, k_cache, v_cache, lengths))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
+@pytest.mark.parametrize("route", ["FLASHLAB_CPU_KERNELS=0", "over the interpreter's tile limit"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, paged, monkeypatch):
+    """As flashlab.attention on a CPU: FLASHLAB_CPU_KERNELS=0, or more tiles than the interpreter is
+    given, computes in PyTorch (fp32): the same output and log-sum-exp within fp32 rounding, q's dtype."""
+    import flashlab.api.attention
+    lengths = [0, 1, 37, 64]
+    if paged:
+        k_cache, v_cache, table = _paged(lengths, 16, 2, 16)
+    else:
+        (k_cache, v_cache), table = _cache(4, 64, 2, 16), None
+    q = torch.randn(4, 3, 4, 16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    if route == "FLASHLAB_CPU_KERNELS=0":
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    else:
+        monkeypatch.setattr(flashlab.api.attention, "INTERPRETER_MAX_TILES", 1)
+    monkeypatch.setattr("flashlab.api.decode.launch", lambda *a, **k: pytest.fail("a decoding kernel was launched"))
+    out, lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    assert_close(out, want_out, tol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    assert_close(lse.nan_to_num(neginf=0.0), want_lse.nan_to_num(neginf=0.0), tol=1e-5)
+    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, table, causal=True)
+    assert half.dtype == torch.float16
+    assert_close(half, want_out.half(), tol=3e-3)
