@@ -333,7 +333,7 @@ def _adopt_from_checkpoint(args, task, run, kind):
     why = no_cuda_graphs(run.device)
     metadata = saved.metadata if isinstance(saved.metadata, dict) else {}
     state = saved.state if isinstance(saved.state, dict) else {}
-    # the device it trained on: recorded since 2026-12-07; before, a CUDA RNG state means a GPU was there
+    # the device it trained on, where the checkpoint records it; an older one's CUDA RNG state means a GPU was there
     trained_on_gpu = (metadata["device"] == "cuda" if "device" in metadata else state.get("rng_cuda") is not None)
     for config, key in ((task, "task"), (run, "run")):
         names = {f.name for f in dataclasses.fields(config)} - _NOT_ADOPTED

@@ -18,7 +18,14 @@ from flashlab.launch import runtime
 from flashlab.launch.interpreter_notice import InterpreterWarning, count_interpreted, interpreter_tiles  # noqa: F401
 from flashlab.launch.layouts import unpack_qkv
 from flashlab.launch.runtime import input_precision
-from flashlab.reference.checks import check_attention_inputs, check_window, default_scale, without_neg_views
+from flashlab.launch.spec import AttentionSpec
+from flashlab.reference.checks import (
+    check_attention_inputs,
+    check_softcap,
+    check_window,
+    default_scale,
+    without_neg_views,
+)
 from flashlab.reference.naive import causal_keep_mask, naive_attention_unchecked, window_band
 from flashlab.reference.tiled import tiled_attention_unchecked
 
@@ -44,7 +51,7 @@ def interpreted_tiles_allowed(tiles: int) -> bool:
     return True
 
 
-def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
+def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, softcap):
     if not isinstance(is_causal, bool):                 # 'yes' or None would otherwise read as truthy or falsy
         raise TypeError(f"is_causal: {is_causal!r} is not a bool. Pass True (query i sees keys 0..i) or False.")
     if not isinstance(enable_gqa, bool):                # as SDPA's argument parser: 'yes' is no bool
@@ -56,6 +63,7 @@ def _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window):
         raise ValueError(f"dropout_p: {dropout_p!r} is not a probability in [0, 1]. "
                          "Pass the fraction of attention weights to drop, e.g. 0.1.")
     check_window(window)
+    check_softcap(softcap)
 
 
 _PLAIN_SCALARS = (float, int, type(None))
@@ -112,7 +120,7 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
     return True
 
 
-def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None, plain=False):
+def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=None, plain=False, softcap=0.0):
     """The PyTorch path (any dtype, any size): tiled when no mask, dropout or window is involved
     (O(N) memory), else the einsum version (an Nq × Nk tensor per head); always the einsum
     version with ``plain`` (inside torch.func transforms and traces: its plain operations are
@@ -126,16 +134,17 @@ def _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window=N
             attn_mask = attn_mask.float()
         with torch.autocast(q.device.type, enabled=False):          # autocast would round the matmuls again
             out = _pytorch_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale, window,
-                                     plain)
+                                     plain, softcap)
         return out.to(q.dtype)
-    if (not plain and attn_mask is None and dropout_p == 0 and window is None and q.numel() and k.shape[-2]
-            and q.shape[-1] and v.shape[-1]):
+    if (not plain and attn_mask is None and dropout_p == 0 and window is None and not softcap and q.numel()
+            and k.shape[-2] and q.shape[-1] and v.shape[-1]):
         return tiled_attention_unchecked(q, k, v, is_causal, scale, PYTORCH_BLOCK, PYTORCH_BLOCK)
-    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window)
+    return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p, window=window,
+                                     softcap=softcap)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-              exact_fp32=False, window=None):
+              exact_fp32=False, window=None, softcap=None):
     """FlashAttention with the arguments and semantics of
     ``torch.nn.functional.scaled_dot_product_attention`` (its argument names too).
 
@@ -228,7 +237,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         scale, dropout_p = _scalar_argument(scale), _scalar_argument(dropout_p)
     if isinstance(q, torch.Tensor) and _autocasting(q):
         q, k, v, attn_mask = _autocast_inputs(q, k, v, attn_mask)
-    plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window)
+    plan = _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap)
     # under torch.jit.trace the default 1/sqrt(D) is left to the einsum version, which computes it from
     # the traced size: a float here would be a constant of the graph, wrong for another head dimension
     jit_tracing = plan.transformed and torch._C._is_tracing()
@@ -246,7 +255,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
         # traced (compile, export, torch.func): the einsum version, whose plain operations take symbolic
         # sizes (the tiled version's Python loop over tiles would fix the length into the graph)
-        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=not plan.eager)
+        return _pytorch_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, window, plain=not plan.eager,
+                                  softcap=plan.softcap)
 
     # the kernels read storage, so a view with the negative bit is resolved first (a traced call's op gets
     # its inputs through the dispatcher, which does that); inline, not a loop: this runs on every call
@@ -266,16 +276,17 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         v4 = F.pad(v4, (0, plan.pad_v))
     seed = ops.draw_seed() if dropout_p > 0 else None
     precision = plan.precision or input_precision(q.dtype, q.device, exact_fp32)
-    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, *(window or (-1, -1)))
+    args = (q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, *(window or (-1, -1)), plan.softcap)
     wants_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
         attn_mask is not None and attn_mask.requires_grad))
     # Eager calls on real tensors skip the dispatcher (a few hundred µs of Python per forward+
     # backward, as long as the kernels at small N); anything traced (compile, export: fake or
     # functional tensors) goes through the custom op. Short sequences go straight to the small
-    # path's own Function (`flash_small.SmallAttention`), unless a float mask wants its gradient.
+    # path's own Function (`launch.small.SmallAttention`), unless a float mask wants its gradient.
+    spec = AttentionSpec(scale, is_causal, None, plan.softcap, dropout_p, precision) if plan.small else None
     if plan.small and not (wants_grad and attn_mask is not None and attn_mask.requires_grad) and \
-            _flash_launch._takes_small_path(q4, k4, None):      # the switches a plan cannot hold, per call
-        out = _small_eager(q4, k4, v4, mask4, dropout_p, seed, is_causal, scale, precision, wants_grad)
+            _launchers().dispatch.takes_small_path(q4, k4, spec):   # the switches a plan cannot hold, per call
+        out = _small_eager(q4, k4, v4, mask4, spec, seed, wants_grad)
     elif plan.eager:
         out = (ops.EagerFlashAttention.apply(*args) if wants_grad else ops.forward_kernels(*args))[0]
     else:
@@ -328,7 +339,7 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     if qkv.stride(-1) != 1:                   # the kernels read rows of D contiguous elements
         qkv = qkv.contiguous()
     q, k, v = unpack_qkv(qkv)
-    plan = _call_plan(q, k, v, None, dropout_p, is_causal, scale, False, exact_fp32, None)
+    plan = _call_plan(q, k, v, None, dropout_p, is_causal, scale, False, exact_fp32, None, None)
     if not plan.kernels:
         return attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                          exact_fp32=exact_fp32).transpose(1, 2).contiguous()     # the layout the kernels give
@@ -341,11 +352,12 @@ def attention_qkvpacked(qkv, dropout_p=0.0, is_causal=False, scale=None, exact_f
     precision = plan.precision or input_precision(qkv.dtype, qkv.device, exact_fp32)
     wants_grad = torch.is_grad_enabled() and qkv.requires_grad
     args = (qkv, plan.dropout_p, seed, is_causal, plan.scale, precision)
-    if plan.small and _flash_launch._takes_small_path(q, k, None):  # eager, one key tile: its own Function
-        spec = ((0, 0, 0, 0), False, False, plan.dropout_p, int(seed) if seed is not None else 0, is_causal,
-                plan.scale, precision)                             # no mask
-        out = (_flash_small.SmallPackedAttention.apply(qkv, spec) if wants_grad
-               else _flash_small.small_forward(q, k, v, q, *spec)[0])
+    spec = AttentionSpec(plan.scale, is_causal, None, 0.0, plan.dropout_p, precision)
+    if plan.small and _launchers().dispatch.takes_small_path(q, k, spec):   # eager, one key tile: its own Function
+        seed_value = int(seed) if seed is not None else 0
+        small = _launchers().small
+        out = (small.SmallPackedAttention.apply(qkv, spec, seed_value) if wants_grad
+               else small.forward(q, k, v, _launchers().mask_args(None, q, k), spec, seed_value)[0])
     elif not plan.eager:                      # traced (compile, export): the custom op
         out = ops.flash_attention_qkvpacked_forward(*args)[0]
     elif wants_grad:
@@ -369,6 +381,7 @@ class _Plan(NamedTuple):
     small: bool              # eager, and the small path's own Function can take it (`_small_eager`)
     transformed: bool        # inside a torch.func transform or a jit trace: the einsum version (never cached)
     window: tuple[int, int] | None   # (left, right) as ints; None for no window (or (−1, −1))
+    softcap: float           # the logits' soft cap, 0.0 for none
     cpu_tiles: int           # the kernels on a CPU: tiles the interpreter runs per forward (else 0)
     broadcast: tuple | None = None     # (leading shape, dimensions it excludes) q, k, v broadcast to, else None
     kv_repeats: tuple | None = None    # enable_gqa with k and v of different head counts: each one's repeat, else None
@@ -378,7 +391,7 @@ _PLANS: dict = {}            # eager calls' signatures → their _Plan (an atten
 _MAX_PLANS = 4096            # emptied when full: shapes that change every call must not grow it forever
 
 
-def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window) -> _Plan:
+def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap) -> _Plan:
     """The `_Plan` of this call: looked up for eager calls whose signature was seen before
     (checks and decisions are functions of the signature), else checked and built. A training
     step calls each layer's attention with one signature, and at routing-model sizes the
@@ -393,11 +406,13 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
     if (eager and type(k) is torch.Tensor and type(v) is torch.Tensor and type(is_causal) is bool
             and (attn_mask is None or type(attn_mask) is torch.Tensor)
             and type(dropout_p) in (float, int) and (scale is None or type(scale) in (float, int))
-            and (window is None or (type(window) is tuple and all(type(w) is int for w in window)))):
+            and (window is None or (type(window) is tuple and all(type(w) is int for w in window)))
+            and (softcap is None or type(softcap) in (float, int))):
         try:                # (free in Python ≥ 3.11 unless raised)
             key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                    None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device),
-                   dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, q.is_cpu and _cpu_tile_limit())
+                   dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap,
+                   q.is_cpu and _cpu_tile_limit())
         except RuntimeError:     # a nested tensor has no .shape: the checks below say so in one line
             key = None
         plan = _PLANS.get(key) if key is not None else None
@@ -411,22 +426,22 @@ def _call_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exac
         # broadcasting of the leading dimensions, when used, is recorded for the traced shapes.)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+            return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap,
                              compiling, transformed, eager, key)
-    return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+    return _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap,
                      compiling, transformed, eager, key)
 
 
-def _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window,
+def _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact_fp32, window, softcap,
               compiling, transformed, eager, key) -> _Plan:
     """`_call_plan`'s work when the signature is new: the checks, then the decisions."""
     if any(isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided) for t in (q, k, v)):
-        _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)   # one line: nested, sparse
+        _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, softcap)   # nested, sparse
     # the checks and decisions below see q, k, v as the call will use them (GQA's heads are not broadcast,
     # so the repeats can be read before the expansion)
     broadcast, kv_repeats = _leading_broadcast(q, k, v, enable_gqa), _gqa_kv_repeats(q, k, v, enable_gqa)
     q, k, v = _as_sdpa_shapes(q, k, v, broadcast, kv_repeats)
-    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
+    _check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window, softcap)
     if not isinstance(exact_fp32, bool):               # 'yes' would otherwise read as True, and 0 or None as False
         raise TypeError(f"exact_fp32: {exact_fp32!r} is not a bool. Pass True (exact fp32 products even where torch "
                         "allows TF32) or False.")
@@ -443,13 +458,13 @@ def _new_plan(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, exact
     width = max(head_dim, value_dim)
     tf32_possible = q.dtype == torch.float32 and q.device.type == "cuda" and not exact_fp32
     kernels = not transformed and _uses_kernels(q, k, v, attn_mask, float(dropout_p), tile_band)
-    small = eager and kernels and window is None and _small_path().takes_eager_path(
+    small = eager and kernels and window is None and _launchers().small.takes_eager_path(
         q.shape[-2], k.shape[-2], width, q.dtype, q.device)
     plan = _Plan(scale=default_scale(head_dim, scale), dropout_p=float(dropout_p),
                  kernels=kernels,
                  reshape=q.dim() != 4, pad_qk=width - head_dim, pad_v=width - value_dim,
                  precision=None if tf32_possible else input_precision(q.dtype, q.device, exact_fp32), eager=eager,
-                 small=small, transformed=transformed, window=window,
+                 small=small, transformed=transformed, window=window, softcap=check_softcap(softcap),
                  cpu_tiles=interpreter_tiles(q, k, tile_band) if kernels and q.device.type == "cpu" else 0,
                  broadcast=broadcast, kv_repeats=kv_repeats)
     if key is not None:
@@ -530,30 +545,38 @@ def _autocast_inputs(q, k, v, attn_mask):
     return cast(q), cast(k), cast(v), cast(attn_mask)
 
 
-_flash_small = _flash_launch = None
+class _Launchers(NamedTuple):
+    dispatch: object
+    small: object
+    dense: object
+    mask_args: object
 
 
-def _small_path():
-    """flashlab.launch.small, imported on first use with flash_launch (they import Triton; this
-    module must not)."""
-    global _flash_small, _flash_launch
-    if _flash_small is None:
-        from flashlab.launch import dense as flash_launch
-        from flashlab.launch import small as flash_small
-        _flash_small, _flash_launch = flash_small, flash_launch
-    return _flash_small
+_launch_modules: _Launchers | None = None
 
 
-def _small_eager(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, precision, wants_grad):
-    """An eager call on the small path: (B, H, N, D) inputs, straight to `flash_small`'s kernels,
-    with rows made contiguous and the mask laid out as `flash_launch` does for the general route."""
-    q, k, v = (_flash_launch._rows_contiguous(t) for t in (q, k, v))
-    mask, mask_strides, has_mask, mask_is_bool = _flash_launch._mask_args(attn_mask, q, k)
-    spec = (mask_strides, has_mask, mask_is_bool, dropout_p, int(seed) if seed is not None else 0, is_causal,
-            scale, precision)
+def _launchers() -> _Launchers:
+    """flashlab.launch's dispatch, small and dense modules and `mask_args`, imported on first use
+    (they import Triton; this module must not) and then kept: an import statement per call costs
+    microseconds on a launch-bound path."""
+    global _launch_modules
+    if _launch_modules is None:
+        from flashlab.launch import dense, dispatch, small
+        from flashlab.launch.masks import mask_args
+        _launch_modules = _Launchers(dispatch, small, dense, mask_args)
+    return _launch_modules
+
+
+def _small_eager(q, k, v, attn_mask, spec: AttentionSpec, seed, wants_grad):
+    """An eager call on the small path: (B, H, N, D) inputs, straight to `launch.small`'s kernels,
+    with rows made contiguous and the mask laid out as `launch.dispatch` does for the general route."""
+    launch = _launchers()
+    q, k, v = (launch.dense.rows_contiguous(t) for t in (q, k, v))
+    mask = launch.mask_args(attn_mask, q, k)
+    seed = int(seed) if seed is not None else 0
     if wants_grad:
-        return _flash_small.SmallAttention.apply(q, k, v, mask, spec)
-    return _flash_small.small_forward(q, k, v, mask, *spec)[0]
+        return launch.small.SmallAttention.apply(q, k, v, mask, spec, seed)
+    return launch.small.forward(q, k, v, mask, spec, seed)[0]
 
 
 def _with_causal(attn_mask: torch.Tensor, n: int) -> torch.Tensor:

@@ -15,11 +15,12 @@ import math
 
 import torch
 
+from flashlab.kernels.constants import LOG2E
 from flashlab.kernels.decode import decode_merge_kernel, decode_split_kernel
-from flashlab.kernels.dense import LOG2E
-from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, _cdiv, _head_dim_args
+from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, cdiv, head_dim_args
 from flashlab.launch.runtime import kernel_for
-from flashlab.reference.checks import default_scale, finite_number, without_neg_views
+from flashlab.launch.spec import AttentionSpec
+from flashlab.reference.checks import check_softcap, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import without_backward
 
 MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
@@ -38,10 +39,9 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
     """Key-tile size and launch options. On a GPU with Hopper's 228 KB of shared memory per SM and
-    D ≤ 128: 128-key tiles, 4 warps, 2 stages, the fastest of 12 (tile 64/128 × warps 4/8 × stages
-    2-4) on an H200 for a 64k cache at batch 1 and a paged one at batch 4 (results/h200/
-    decode_varlen.json, "decode launch options"; the spread was 0.105-0.126 ms at batch 1). Elsewhere
-    64-key tiles, 2 stages, to fit. In the interpreter larger tiles and fewer programs run faster
+    D ≤ 128: 128-key tiles, 4 warps, 2 stages, the fastest of the 12 (tile 64/128 × warps 4/8 ×
+    stages 2-4) the decode suite times for a 64k cache at batch 1 and a paged one at batch 4.
+    Elsewhere 64-key tiles, 2 stages, to fit. In the interpreter larger tiles and fewer programs run faster
     (its cost is per program and per op)."""
     if device_is_gpu:
         roomy = torch.cuda.get_device_capability()[0] >= 9 and head_dim <= 128
@@ -52,10 +52,9 @@ def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
 def tiles_for_pages(meta: dict, page_size: int) -> dict:
     """GPU launch options for a paged cache: pages smaller than the key tile (a power of two ≥ 32)
     get tiles of one page each, so each tile reads one block-table entry and consecutive rows (the
-    kernel's PAGE_ALIGNED path). On the H200, pages of 64 under 128-key tiles cost +52% against a
-    contiguous cache (every row gathered through the table), pages of 256 +1%; 64-key tiles with
-    4 warps and 3 stages ran within 10% of the best in the same sweep (results/h200/
-    decode_varlen.json). Smaller pages (vLLM's 16) keep the row gather."""
+    kernel's PAGE_ALIGNED path): under 128-key tiles every row of such a page would be gathered
+    through the table (the decode suite's record has the cost of each page size). Smaller pages
+    (vLLM's 16) keep the row gather."""
     if 32 <= page_size < meta["BLOCK_N"] and page_size & (page_size - 1) == 0:
         return dict(meta, BLOCK_N=page_size, num_stages=3)
     return meta
@@ -87,7 +86,7 @@ def choose_num_splits(programs_without_split: int, max_seqlen_cache: int, block_
     if programs_without_split >= 2 * num_sms:
         return 1
     wanted = math.ceil(2 * num_sms / max(1, programs_without_split))
-    tiles = _cdiv(max(1, max_seqlen_cache), block_n)
+    tiles = cdiv(max(1, max_seqlen_cache), block_n)
     return splits_with_tiles(tiles, max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS)))
 
 
@@ -96,7 +95,7 @@ def splits_with_tiles(tiles: int, splits: int) -> int:
     ceil(tiles / splits) to each split (512 tiles in 33 splits is 16 each, so 32 splits carry them
     and a 33rd stays empty); more splits than tiles only add empty programs and partial rows the
     merge reads back."""
-    return _cdiv(tiles, _cdiv(tiles, min(splits, tiles)))
+    return cdiv(tiles, cdiv(tiles, min(splits, tiles)))
 
 
 def _fail(argument: str, problem: str, fix: str) -> None:
@@ -197,14 +196,14 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
                                 "grids and splits); "
                                 "compile around it, or without fullgraph=True for a graph break here")
 def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
-                     causal=False, return_lse=False, check_contents=None, launch_options=None):
+                     causal=False, softcap=None, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
     The tensors' layouts and the meanings of cache_seqlens, block_table, causal, num_splits and the
     returned log-sum-exp are FlashAttention's. What differs: the order of the positional arguments
     (FlashAttention's fourth is the new ``k``: pass the others by keyword when porting), ``scale``
     for ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the
-    cache, no window_size, rotary embedding, softcap, ALiBi, cache_batch_idx or cache_leftpad.
+    cache, no window_size, rotary embedding, ALiBi, cache_batch_idx or cache_leftpad.
 
     Args:
         q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
@@ -225,6 +224,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
             Default False, as FlashAttention's: pass causal=True for several new tokens of one
             sequence.
+        softcap: the logits soft-capped, cap·tanh(x/cap), before the causal mask (Gemma 2's);
+            None for none.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
             (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
         check_contents: check that every length fits the cache and every block index exists.
@@ -254,12 +255,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         raise RuntimeError("decode_attention: torch.export cannot trace it (cache_seqlens are data that decide "
                            "grids and splits); export the model around it, or use flashlab.attention.")
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
+    softcap = check_softcap(softcap)
     q, k_cache, v_cache = without_neg_views(q, k_cache, v_cache)     # the kernels read storage
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
         result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table,
-                                  num_splits, scale, causal=causal, return_lse=return_lse,
+                                  num_splits, scale, causal=causal, softcap=softcap, return_lse=return_lse,
                                   check_contents=False, launch_options=launch_options)
         return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
@@ -267,13 +269,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
         with torch.no_grad():
             out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
-                                          torch.float32)
+                                          torch.float32, softcap)
         results = without_backward((out, lse), (q, k_cache, v_cache), NO_BACKWARD)    # q is fp32 here (above)
         return results if return_lse else results[0]
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
-    scale = default_scale(head_dim, scale)
+    # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
+    spec = AttentionSpec(default_scale(head_dim, scale), causal, softcap=softcap, precision="ieee")
     gpu = _on_gpu(q)
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
@@ -282,21 +285,21 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         meta = tiles_for_pages(meta, page_size)
     meta = {**meta, **(launch_options or {})}
     block_m = stacked_rows_block(seqlen_q, group)
-    row_blocks = _cdiv(seqlen_q * group, block_m)
+    row_blocks = cdiv(seqlen_q * group, block_m)
     # the heuristic sizes splits by the cache's capacity, not max(cache_seqlens): the lengths live on
     # the GPU, and reading them would stop the host every step (FlashAttention does the same)
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
     else:              # a caller's number too (num_splits=10**6 asked for 256 MB of partial rows)
-        num_splits = splits_with_tiles(_cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
+        num_splits = splits_with_tiles(cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
     seqlens = cache_seqlens.to(torch.int32).contiguous()     # the kernel reads seqlens[z], no stride
     table = block_table if paged else seqlens          # any pointer: PAGED=False never reads it
     table_strides = block_table.stride() if paged else (0, 0)
     out = torch.empty_like(q)
     lse = torch.empty(batch, seqlen_q, heads, dtype=torch.float32, device=q.device)
-    block_d = _head_dim_args(head_dim)["BLOCK_D"]
-    precision = "ieee"     # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
+    block_d = head_dim_args(head_dim)["BLOCK_D"]
+    (qk_scale, softcap_base2, _, _), flags = spec.kernel_args(seqlen_q, capacity)
     if num_splits > 1:
         o_part = torch.empty(batch * seqlen_q * heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(batch * seqlen_q * heads, num_splits, dtype=torch.float32, device=q.device)
@@ -306,14 +309,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         launch(decode_split_kernel, (num_splits * row_blocks * batch * heads_k,),
                q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
                *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
-               heads_k, seqlen_q, head_dim, group, num_splits, page_size, scale * LOG2E,
-               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=causal,
-               WRITE_FINAL=num_splits == 1,
-               BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=precision, **meta)
+               heads_k, seqlen_q, head_dim, group, num_splits, page_size, qk_scale, softcap_base2,
+               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=spec.is_causal,
+               SOFTCAP=flags["SOFTCAP"], WRITE_FINAL=num_splits == 1,
+               BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=spec.precision, **meta)
         if num_splits > 1:
             n_rows = batch * seqlen_q * heads
             block_r = 64 if gpu else 32
-            launch(decode_merge_kernel, (_cdiv(n_rows, block_r),),
+            launch(decode_merge_kernel, (cdiv(n_rows, block_r),),
                    o_part, lse_part, out, lse, *out.stride(), n_rows, seqlen_q, heads, head_dim, num_splits,
                    BLOCK_R=block_r, BLOCK_D=block_d)
     results = (out, (lse / LOG2E).permute(0, 2, 1)) if return_lse else (out,)   # log2 → ln: ln x = log2 x / log2 e
@@ -326,11 +329,13 @@ NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference)
                "needs gradients with flashlab.attention, or run decoding under torch.no_grad().")
 
 
-def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False):
+def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False,
+                               softcap=None):
     """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
     (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
     position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""
-    return decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float64)[0]
+    return decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float64,
+                              check_softcap(softcap))[0]
 
 
 def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
@@ -343,12 +348,12 @@ def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
     batch, seqlen_q, heads, _ = q.shape
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     heads_k = k_cache.shape[2]
-    tiles = batch * heads_k * _cdiv(seqlen_q * (heads // heads_k), INTERPRETER_BLOCK) * _cdiv(capacity,
+    tiles = batch * heads_k * cdiv(seqlen_q * (heads // heads_k), INTERPRETER_BLOCK) * cdiv(capacity,
                                                                                              INTERPRETER_BLOCK)
     return interpreted_tiles_allowed(tiles)
 
 
-def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype):
+def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype, softcap=0.0):
     """Decoding one sequence at a time in plain PyTorch, computed in ``dtype``: (out in ``dtype``, the
     natural-log log-sum-exp (batch, heads, seqlen_q) float32, −inf where a row has no key). The
     float64 reference, and (fp32) `decode_attention`'s PyTorch path on a CPU."""
@@ -361,13 +366,15 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
         if block_table is None:
             k, v = k_cache[b, :n], v_cache[b, :n]
         else:
-            pages = block_table[b, :_cdiv(n, k_cache.shape[1])].long()
+            pages = block_table[b, :cdiv(n, k_cache.shape[1])].long()
             k, v = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
         group = heads // k.shape[1]
         k = k.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)       # (heads, n, D)
         v = v.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
         qb = q[b].to(dtype).transpose(0, 1)                                   # (heads, seqlen_q, D)
         scores = qb @ k.transpose(-1, -2) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
         keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
             torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)

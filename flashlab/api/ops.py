@@ -3,20 +3,23 @@
 tracing into Triton's launcher:
 
     flashlab::flash_attention_forward(q, k, v, attn_mask?, dropout_p, seed?, is_causal, scale,
-                                      input_precision, window_left=-1, window_right=-1) -> (out, lse)
+                                      input_precision, window_left=-1, window_right=-1,
+                                      softcap=0.0) -> (out, lse)
     flashlab::flash_attention_backward(grad_out, q, k, v, out, lse, attn_mask?, dropout_p, seed?,
                                        is_causal, scale, input_precision, mask_grad,
-                                       window_left=-1, window_right=-1) -> (dq, dk, dv, dmask)
+                                       window_left=-1, window_right=-1, softcap=0.0) -> (dq, dk, dv, dmask)
 
 and the same pair for q, k, v packed in one (B, N, 3, H, D) tensor (`layouts.unpack_qkv`), whose
 backward returns one gradient in that layout: ``flash_attention_qkvpacked_forward`` / ``_backward``.
 
 Shapes are the kernels' own: q ``(B, H, Nq, D)``, k/v ``(B, H_kv, Nk, D)``, a mask
 broadcastable to ``(B, H, Nq, Nk)``; ``lse`` is the base-2 log-sum-exp per query (fp32),
-``(B, H, Nq)``, or with a float mask ``(2, B, H, Nq)``: L, then each row's fix (`flash_small.new_lse`).
-`flashlab.attention` validates and reshapes its inputs, then calls these; nothing here
-validates again. ``window_left``/``window_right`` are attention's ``window=(left, right)``
-(−1: unbounded; both −1: no window), two plain ints so the schema stays one torch understands.
+``(B, H, Nq)``, or with a float mask ``(2, B, H, Nq)``: L, then each row's fix
+(`flashlab.launch.dense.new_lse`). `flashlab.attention` validates and reshapes its inputs, then
+calls these; nothing here validates again. The options are the fields of one
+`flashlab.launch.spec.AttentionSpec` as plain numbers (a schema allows nothing else), rebuilt on
+the other side: ``window_left``/``window_right`` are attention's ``window=(left, right)`` (−1:
+unbounded; both −1: no window), ``softcap`` its logit soft-cap (0: none).
 
 - The seed of dropout is a CPU int64 tensor drawn *outside* the op (`draw_seed`), so a
   compiled graph draws a fresh one per call and the backward replays the same mask.
@@ -35,12 +38,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flashlab.kernels.constants import LOG2E  # the kernels' lse is base 2: L₂ = L · log2(e)
 from flashlab.launch.interpreter_notice import count_interpreted, interpreter_tiles
 from flashlab.launch.layouts import output_like, unpack_qkv
+from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.first_order import first_order_only
 from flashlab.reference.naive import window_band
-
-LOG2E = 1.4426950408889634   # the kernels' lse is base 2: L₂ = L · log2(e)
 
 
 def draw_seed() -> Tensor:
@@ -72,27 +75,27 @@ def _in_layout_of(result: Tensor, want: Tensor) -> Tensor:
     return result if result.stride() == want.stride() else want.copy_(result)
 
 
-_flash_launch = None
+_dispatch = None
 
 
 def _launcher():
-    """flashlab.launch.dense, imported on first use (it imports Triton; this module must not)
+    """flashlab.launch.dispatch, imported on first use (it imports Triton; this module must not)
     and then kept: an import statement per call costs microseconds on a launch-bound path."""
-    global _flash_launch
-    if _flash_launch is None:
-        from flashlab.launch import dense as flash_launch
-        _flash_launch = flash_launch
-    return _flash_launch
+    global _dispatch
+    if _dispatch is None:
+        from flashlab.launch import dispatch
+        _dispatch = dispatch
+    return _dispatch
 
 
 def forward_kernels(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
                     seed: Tensor | None, is_causal: bool, scale: float, input_precision: str,
-                    window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+                    window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     """The forward op's implementation, also called directly where no graph is traced and no
     gradient is wanted (inference calls are launch-bound: the dispatcher costs microseconds)."""
+    spec = AttentionSpec.from_op(dropout_p, is_causal, scale, input_precision, window_left, window_right, softcap)
     qc, kc, vc, mask = _on_cpu_in_fp32(q, q, k, v, attn_mask)
-    out, lse = _launcher().flash_forward(qc, kc, vc, mask, dropout_p, int(seed) if seed is not None else 0, is_causal,
-                                         scale, input_precision, (window_left, window_right))
+    out, lse = _launcher().forward(qc, kc, vc, mask, spec, int(seed) if seed is not None else 0)
     out = _as(out, q.dtype)
     if qc is not q or q.stride(-1) != 1:            # the kernels saw a copy of q: O as the fake says
         out = _in_layout_of(out, output_like(q, out.shape[-1]))
@@ -109,17 +112,18 @@ def _count_traced_cpu_call(q: Tensor, k: Tensor, is_causal: bool, window: tuple[
 
 def _forward_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
                 seed: Tensor | None, is_causal: bool, scale: float, input_precision: str,
-                window_left: int = -1, window_right: int = -1) -> tuple[Tensor, Tensor]:
+                window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     _count_traced_cpu_call(q, k, is_causal, (window_left, window_right))
     return forward_kernels(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left,
-                           window_right)
+                           window_right, softcap)
 
 
 flash_attention_forward = torch.library.custom_op("flashlab::flash_attention_forward", mutates_args=())(_forward_op)
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1):
+def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1, window_right=-1,
+      softcap=0.0):
     B, H, n_q, _ = q.shape
     float_mask = attn_mask is not None and attn_mask.dtype != torch.bool     # L and each row's fix: new_lse
     return output_like(q, v.shape[-1]), q.new_empty((2, B, H, n_q) if float_mask else (B, H, n_q),
@@ -129,15 +133,14 @@ def _(q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, wi
 def backward_kernels(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      attn_mask: Tensor | None, dropout_p: float, seed: Tensor | None, is_causal: bool,
                      scale: float, input_precision: str, mask_grad: bool, window_left: int = -1,
-                     window_right: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward op's implementation, also called directly by `EagerFlashAttention`."""
     seed_value = int(seed) if seed is not None else 0
-    window = (window_left, window_right)
+    spec = AttentionSpec.from_op(dropout_p, is_causal, scale, input_precision, window_left, window_right, softcap)
     qc, kc, vc, oc, gc, mask = _on_cpu_in_fp32(q, q, k, v, out, grad_out, attn_mask)
-    dq, dk, dv = _launcher().flash_backward(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale,
-                                            input_precision, window)
-    dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, dropout_p, seed_value, is_causal, scale, window)
-             .to(attn_mask.dtype) if mask_grad else q.new_empty(0))
+    dq, dk, dv = _launcher().backward(qc, kc, vc, oc, lse, gc, mask, spec, seed_value)
+    dmask = (_mask_gradient(qc, kc, vc, oc, lse, gc, mask, spec, seed_value).to(attn_mask.dtype)
+             if mask_grad else q.new_empty(0))
     grads = [_as(dq, q.dtype), _as(dk, k.dtype), _as(dv, v.dtype)]
     for i, t in enumerate((q, k, v)):
         if t.stride(-1) != 1:            # the kernels saw a row-contiguous copy of t
@@ -151,35 +154,39 @@ flash_attention_backward = torch.library.custom_op("flashlab::flash_attention_ba
 
 @flash_attention_backward.register_fake
 def _(grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad,
-      window_left=-1, window_right=-1):
+      window_left=-1, window_right=-1, softcap=0.0):
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
 
 
-def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, dropout_p, seed, is_causal, scale, window=None):
+def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, spec: AttentionSpec, seed):
     """d loss / d attn_mask = dS, summed over the mask's broadcast dimensions:
         P = 2^(S − L),  dP = dO Vᵀ (∘ Z/(1−p) with dropout),  D = rowsum(dO ∘ O),  dS = P ∘ (dP − D)
-    with S = (Q Kᵀ·scale + mask)·log2(e) as the kernels form it (the mask saturated at ±2.35e38;
-    −inf where causal, outside the window or out of range), L the saved lse, and P times each
-    row's fix c where the forward stored one (`flash_small.new_lse`)."""
+    with S = (cap(Q Kᵀ·scale) + mask)·log2(e) as the kernels form it (the mask saturated at
+    ±2.35e38; −inf where causal, outside the window or out of range), L the saved lse, and P times
+    each row's fix c where the forward stored one (`flashlab.launch.dense.new_lse`). The mask is
+    added after the soft-cap, so its gradient needs no factor of the cap's."""
     from flashlab.reference.naive import window_keep_mask
-    row_fix, lse = (lse[1], lse[0]) if lse.dim() == 4 else (None, lse)     # c under L (`flash_small.new_lse`)
+    row_fix, lse = (lse[1], lse[0]) if lse.dim() == 4 else (None, lse)     # c under L (`dense.new_lse`)
     B, H, n_q, _ = q.shape
     n_k, group = k.shape[2], H // k.shape[1]
     k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
     bias = attn_mask.float()
-    bias = torch.where(bias == float("-inf"), bias, bias.clamp(-2.35e38, 2.35e38) * LOG2E)   # as _tile_scores
-    scores = (q.float() @ k.transpose(-1, -2)) * (scale * LOG2E) + bias
-    keep = window_keep_mask(n_q, n_k, is_causal, window, q.device)
+    bias = torch.where(bias == float("-inf"), bias, bias.clamp(-2.35e38, 2.35e38) * LOG2E)   # as tile.apply_mask
+    logits = (q.float() @ k.transpose(-1, -2)) * spec.scale
+    if spec.softcap > 0:
+        logits = spec.softcap * torch.tanh(logits / spec.softcap)
+    scores = logits * LOG2E + bias
+    keep = window_keep_mask(n_q, n_k, spec.is_causal, spec.window, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     p = torch.exp2(scores - lse[..., None])                          # rows with no key: L = +inf → P = 0
     if row_fix is not None:
         p = p * row_fix[..., None]
     dp = grad_out.float() @ v.transpose(-1, -2)
-    if dropout_p > 0:
+    if spec.dropout_p > 0:
         from flashlab.launch.dense import dropout_keep_mask
-        dp = dp * dropout_keep_mask(seed, B, H, n_q, n_k, dropout_p, device=q.device) / (1 - dropout_p)
+        dp = dp * dropout_keep_mask(seed, B, H, n_q, n_k, spec.dropout_p, device=q.device) / (1 - spec.dropout_p)
     delta = (grad_out.float() * out.float()).sum(-1, keepdim=True)
     return (p * (dp - delta)).sum_to_size(attn_mask.shape)
 
@@ -191,12 +198,12 @@ class FlashAttentionFunction:
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, *window = inputs
+        q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, *window_and_cap = inputs
         out, lse = output
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, attn_mask, seed)
         ctx.options = (dropout_p, is_causal, scale, input_precision)
-        ctx.window = tuple(window) or (-1, -1)
+        ctx.window_and_cap = (*window_and_cap, *(-1, -1, 0.0)[len(window_and_cap):])   # defaults not passed
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
@@ -204,7 +211,7 @@ class FlashAttentionFunction:
         dropout_p, is_causal, scale, input_precision = ctx.options
         mask_grad = bool(attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3])
         args = (grad_out, q, k, v, out, lse, attn_mask, dropout_p, seed, is_causal, scale, input_precision, mask_grad,
-                *ctx.window)
+                *ctx.window_and_cap)
         # traced (compile's backward graph: fake or functional tensors): the op; eager: its body
         backward = backward_kernels if type(grad_out) is torch.Tensor and type(q) is torch.Tensor \
             else torch.ops.flashlab.flash_attention_backward
@@ -223,8 +230,9 @@ class EagerFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left=-1,
-                window_right=-1):
-        inputs = (q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left, window_right)
+                window_right=-1, softcap=0.0):
+        inputs = (q, k, v, attn_mask, dropout_p, seed, is_causal, scale, input_precision, window_left, window_right,
+                  softcap)
         out, lse = forward_kernels(*inputs)
         ctx.set_materialize_grads(False)      # lse gets no gradient: no zeros tensor made for it
         FlashAttentionFunction.setup_context(ctx, inputs, (out, lse))
@@ -284,12 +292,11 @@ def qkvpacked_backward_kernels(grad_out: Tensor, qkv: Tensor, out: Tensor, lse: 
     q, k, v = unpack_qkv(qkv)
     seed_value = int(seed) if seed is not None else 0
     qc, kc, vc, oc, gc = _on_cpu_in_fp32(q, q, k, v, out, grad_out)
+    spec = AttentionSpec(scale, is_causal, None, 0.0, dropout_p, input_precision)
     if qc is q and q.stride(-1) == 1 and dqkv.stride(-1) == 1:
-        _launcher().flash_backward(q, k, v, out, lse, grad_out, None, dropout_p, seed_value, is_causal, scale,
-                                   input_precision, grads=unpack_qkv(dqkv))
+        _launcher().backward(q, k, v, out, lse, grad_out, None, spec, seed_value, grads=unpack_qkv(dqkv))
     else:
-        grads = _launcher().flash_backward(qc, kc, vc, oc, lse, gc, None, dropout_p, seed_value, is_causal, scale,
-                                           input_precision)
+        grads = _launcher().backward(qc, kc, vc, oc, lse, gc, None, spec, seed_value)
         for into, grad in zip(unpack_qkv(dqkv), grads):
             into.copy_(grad)
     return dqkv

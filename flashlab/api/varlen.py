@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from flashlab.kernels.dense import LOG2E, flash_backward_preprocess_kernel
+from flashlab.kernels.dense import flash_backward_preprocess_kernel
 from flashlab.kernels.varlen import varlen_backward_dkdv_kernel, varlen_backward_dq_kernel, varlen_forward_kernel
 from flashlab.launch import autotune
-from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, _cdiv, _head_dim_args
+from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, PREPROCESS_BLOCK, cdiv, head_dim_args
 from flashlab.launch.runtime import input_precision
-from flashlab.reference.checks import check_window, default_scale, finite_number, without_neg_views
+from flashlab.launch.spec import AttentionSpec
+from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import first_order_only
 
 from .decode import launch
@@ -25,9 +26,9 @@ from .decode import launch
 
 def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
     """Tile sizes and launch options per kernel. On a GPU: the default (first) configuration of
-    `flashlab.launch.autotune` for this GPU generation and head dimension, the tiles measured best for
-    the dense kernels of notebooks 05-06 (e.g. 128×64 forward, 64×64 backward at D ≤ 128 on an
-    H200). In the interpreter: 16×16 tiles (its cost is per op; small tiles also show the skipping)."""
+    `flashlab.launch.autotune` for this GPU generation and head dimension, the tiles the tuner ranks
+    first for the dense kernels of notebooks 05-06. In the interpreter: 16×16 tiles (its cost is per
+    op; small tiles also show the skipping)."""
     if not device_is_gpu:
         tiles = dict(BLOCK_M=16, BLOCK_N=16)
         return {"forward": tiles, "dkdv": tiles, "dq": tiles}
@@ -136,7 +137,15 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     check_window(window)
 
 
-def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
+def _kernel_args(spec: AttentionSpec, max_q: int, max_k: int) -> tuple[tuple, dict]:
+    """The spec as the varlen kernels take it: (qk_scale, softcap, left, right) in base 2, the band
+    per sequence (`band`), and the flags."""
+    (qk_scale, softcap, _, _), flags = spec.kernel_args(max_q, max_k)
+    return (qk_scale, softcap, *band(spec.is_causal, spec.window, max_q, max_k)), dict(
+        SOFTCAP=flags["SOFTCAP"], INPUT_PRECISION=spec.precision)
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec: AttentionSpec):
     """The forward kernel alone: O (total_q, heads, D) and L (heads, total_q), base 2."""
     heads, head_dim = q.shape[1], q.shape[2]
     batch = cu_q.numel() - 1
@@ -145,45 +154,47 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precis
     # contiguous (empty_like kept q's strides, and a q whose D had stride 2 gave wrong dq and dk)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(heads, q.shape[0], dtype=torch.float32, device=q.device)
-    num_m = _cdiv(max_q, blocks["BLOCK_M"])
+    scalars, flags = _kernel_args(spec, max_q, max_k)
+    num_m = cdiv(max_q, blocks["BLOCK_M"])
     if num_m * batch:
         launch(varlen_forward_kernel, (num_m * batch * heads,),
                q, k, v, cu_q, cu_k, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0),
-               heads, heads // k.shape[1], head_dim, num_m, scale * LOG2E, left, right,
-               BLOCK_D=_head_dim_args(head_dim)["BLOCK_D"], INPUT_PRECISION=precision, **blocks)
+               heads, heads // k.shape[1], head_dim, num_m, *scalars,
+               BLOCK_D=head_dim_args(head_dim)["BLOCK_D"], **flags, **blocks)
     return out, lse
 
 
-def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
+def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, spec: AttentionSpec):
     """D = rowsum(dO ∘ O) (notebook 06's preprocess kernel, the packed batch read as one
     sequence), then the dK/dV pass and the dQ pass. Returns (dq, dk, dv)."""
     heads, heads_k, head_dim = q.shape[1], k.shape[1], q.shape[2]
     batch, total_q = cu_q.numel() - 1, q.shape[0]
     gpu = q.device.type == "cuda"
     blocks = varlen_block_sizes(gpu, head_dim)
-    block_d = _head_dim_args(head_dim)["BLOCK_D"]
+    block_d = head_dim_args(head_dim)["BLOCK_D"]
     grad_out = grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out
     delta = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)   # empty sequences: 0
     if total_q:
         rows = PREPROCESS_BLOCK[gpu]
-        launch(flash_backward_preprocess_kernel, (_cdiv(total_q, rows) * heads,),
+        launch(flash_backward_preprocess_kernel, (cdiv(total_q, rows) * heads,),
                out, grad_out, delta, 0, out.stride(1), out.stride(0),      # head dim contiguous
                0, grad_out.stride(1), grad_out.stride(0), heads, total_q, head_dim,
                BLOCK_M=rows, BLOCK_D=block_d)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), lse.stride(0))
-    num_n = _cdiv(max_k, blocks["dkdv"]["BLOCK_N"])
+    (qk_scale, softcap, left, right), flags = _kernel_args(spec, max_q, max_k)
+    num_n = cdiv(max_k, blocks["dkdv"]["BLOCK_N"])
     if num_n * batch:
         launch(varlen_backward_dkdv_kernel, (num_n * batch * heads_k,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dk, dv, *strides, *dk.stride(), *dv.stride(),
-               heads_k, heads // heads_k, head_dim, num_n, scale * LOG2E, scale, left, right,
-               BLOCK_D=block_d, INPUT_PRECISION=precision, **blocks["dkdv"])
-    num_m = _cdiv(max_q, blocks["dq"]["BLOCK_M"])
+               heads_k, heads // heads_k, head_dim, num_n, qk_scale, spec.scale, softcap, left, right,
+               BLOCK_D=block_d, **flags, **blocks["dkdv"])
+    num_m = cdiv(max_q, blocks["dq"]["BLOCK_M"])
     if num_m * batch:
         launch(varlen_backward_dq_kernel, (num_m * batch * heads,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dq, *strides, *dq.stride(),
-               heads, heads // heads_k, head_dim, num_m, scale * LOG2E, scale, left, right,
-               BLOCK_D=block_d, INPUT_PRECISION=precision, **blocks["dq"])
+               heads, heads // heads_k, head_dim, num_m, qk_scale, spec.scale, softcap, left, right,
+               BLOCK_D=block_d, **flags, **blocks["dq"])
     return dq, dk, dv
 
 
@@ -191,10 +202,10 @@ class VarlenAttentionFunction(torch.autograd.Function):
     """Saves q, k, v, O and the log-sum-exp; the backward recomputes P tile by tile."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision):
-        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, left, right, precision)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, spec):
+        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, scale, left, right, precision)
+        ctx.args = (max_q, max_k, spec)
         return out
 
     @staticmethod
@@ -202,7 +213,7 @@ class VarlenAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.args)
         # a second derivative raises, never drops (flashlab/reference/first_order.py)
-        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None, None, None, None
+        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None
 
 
 # Not a custom op: cu_seqlens are data that decide each program's sequence, which torch.compile cannot
@@ -212,7 +223,7 @@ class VarlenAttentionFunction(torch.autograd.Function):
                                 "program's sequence); "
                                 "compile around it, or without fullgraph=True for a graph break here")
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     window=None, *, exact_fp32=False):
+                     window=None, *, softcap=None, exact_fp32=False):
     """Attention within each sequence of a packed batch (FlashAttention's ``flash_attn_varlen_func``).
 
     Args:
@@ -227,6 +238,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         window: ``(left, right)``: query i sees keys i + Lk − Lq − left … i + Lk − Lq + right; −1 is
             unbounded on that side; ``(w, 0)`` with causal is a sliding window of w keys before
             each query. Tiles outside the window are skipped, forward and backward.
+        softcap: the logits soft-capped, cap·tanh(x/cap), before the causal mask and window
+            (Gemma 2's); None for none.
         exact_fp32: float32 inputs multiply exactly instead of in TF32 (on the GPU).
 
     Returns:
@@ -242,6 +255,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise RuntimeError("varlen_attention: torch.export cannot trace it (cu_seqlens are data that decide the "
                            "grid); export the model around it, or use flashlab.attention with a mask.")
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    softcap = check_softcap(softcap)
     q, k, v = without_neg_views(q, k, v)                # the kernels read storage
     # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
     # lies in memory gave other sequences' bounds, and reads past its end
@@ -250,15 +264,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
         # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.api.ops)
         return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, is_causal, scale, window, exact_fp32=exact_fp32).to(q.dtype)
+                                max_seqlen_k, is_causal, scale, window, softcap=softcap,
+                                exact_fp32=exact_fp32).to(q.dtype)
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
         # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
-        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float32)
-    scale = default_scale(q.shape[-1], scale)
-    left, right = band(is_causal, window, max_seqlen_q, max_seqlen_k)
-    precision = input_precision(q.dtype, q.device, exact_fp32)
-    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right, precision)
+        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float32,
+                                  softcap)
+    spec = AttentionSpec(default_scale(q.shape[-1], scale), is_causal, _window_or_none(window), softcap,
+                         precision=input_precision(q.dtype, q.device, exact_fp32))
+    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return VarlenAttentionFunction.apply(q, k, v, *args)
     return varlen_forward(q, k, v, *args)[0]
@@ -272,18 +287,25 @@ def _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k) -> bool:
 
     from .attention import interpreted_tiles_allowed
     lengths_q, lengths_k = cu_seqlens_q.diff().tolist(), cu_seqlens_k.diff().tolist()
-    tiles = q.shape[1] * sum(_cdiv(a, INTERPRETER_BLOCK) * _cdiv(b, INTERPRETER_BLOCK)
+    tiles = q.shape[1] * sum(cdiv(a, INTERPRETER_BLOCK) * cdiv(b, INTERPRETER_BLOCK)
                              for a, b in zip(lengths_q, lengths_k))
     return interpreted_tiles_allowed(tiles)
 
 
-def reference_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None, window=None):
+def _window_or_none(window):
+    return None if window is None or tuple(window) == (-1, -1) else (int(window[0]), int(window[1]))
+
+
+def reference_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=False, scale=None, window=None,
+                               softcap=None):
     """The ground truth in float64, one sequence at a time, with the window as an explicit
     mask over all (query, key) pairs (differentiable, for gradient references)."""
-    return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float64)
+    return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float64,
+                              check_softcap(softcap))
 
 
-def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, dtype) -> torch.Tensor:
+def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, dtype,
+                       softcap=0.0) -> torch.Tensor:
     """Attention one sequence at a time in plain PyTorch, computed in ``dtype`` and returned in it: the
     float64 reference, and (fp32) `varlen_attention`'s PyTorch path on a CPU. Differentiable; an
     Lq × Lk score matrix per head of each sequence at a time."""
@@ -299,7 +321,10 @@ def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, wi
         n_q, n_k = qb.shape[1], kb.shape[1]
         rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
         keep = (rel >= -left) & (rel <= right)
-        scores = (qb @ kb.transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+        scores = qb @ kb.transpose(-1, -2) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, -1).masked_fill(~keep, 0.0)                # empty rows: 0, not NaN
         outs.append((weights @ vb).transpose(0, 1))
     return torch.cat(outs) if outs else q.to(dtype) * 0

@@ -15,9 +15,10 @@ The attention function is transformers' SDPA path with `flashlab.attention` in p
 from transformers' own `sdpa_mask`: padding left or right, causal, sliding windows), the same
 causal flag (``is_causal`` only when no mask was needed and more than one query), GQA (key
 and value heads shared by groups of query heads: ``enable_gqa``), scaling and dropout, and
-the layout transformers expects back: (batch, queries, heads, head_dim). What the kernels do not
-have is refused with one line naming it, never dropped: logit soft-capping (``softcap``),
-attention sinks (``s_aux``, gpt-oss) and the attention weights (``output_attentions``).
+the layout transformers expects back: (batch, queries, heads, head_dim), and logit soft-capping
+(``softcap``, Gemma 2's ``attn_logit_softcapping``), capped before the mask as transformers'
+eager path does. What the kernels do not have is refused with one line naming it, never
+dropped: attention sinks (``s_aux``, gpt-oss) and the attention weights (``output_attentions``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       **kwargs) -> tuple[torch.Tensor, None]:
     """An ``AttentionInterface`` function: query (B, H, Nq, D), key and value (B, H_kv, Nk, D)
     as the model's attention layer passes them; returns ((B, Nq, H, D), None) (no weights)."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError("softcap: flashlab attention has no logit soft-capping; load the model with "
-                         "attn_implementation='eager' for it")
     if kwargs.get("s_aux") is not None:          # gpt-oss: a learned sink logit per head in every softmax
         raise ValueError("s_aux: flashlab attention has no attention sinks (a per-head logit every query "
                          "attends to, as gpt-oss has); load the model with attn_implementation='eager' for it")
@@ -58,7 +56,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
         is_causal = False
     out = attention(query, key, value, attn_mask=attention_mask, dropout_p=float(dropout), is_causal=is_causal,
-                    scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+                    scale=scaling, enable_gqa=key.shape[1] != query.shape[1], softcap=kwargs.get("softcap"))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -19,7 +19,9 @@ ranges, each handled by its own program (split-KV, "flash-decoding"):
 With one split the split kernel writes the final output itself and no merge runs.
 
 Causal alignment is to the END of the cache (FlashAttention's convention): query i of
-seqlen_q is the token at position seqlen − seqlen_q + i and sees keys j ≤ seqlen − seqlen_q + i.
+seqlen_q is the token at position seqlen − seqlen_q + i and sees keys j ≤ seqlen − seqlen_q + i,
+a band of `flashlab.kernels.tile.visible`. Scores, soft-capping and the softmax update are the
+tile rules every kernel shares.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import dot  # tl.dot with TF32 operands rounded to nearest
-from .varlen import online_softmax_step  # the online-softmax update, shared
+from .tile import finish_rows, masked_scores, merge_step, online_softmax_step
 
 
 @triton.jit
@@ -58,8 +59,10 @@ def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, O_PART, LSE_PART,
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
     soz, som, soh, sod,
-    H_KV, n_q, head_dim, GROUP, num_splits, page_size, qk_scale,
-    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    H_KV, n_q, head_dim, GROUP, num_splits, page_size,
+    qk_scale, softcap,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: splits fastest, then row blocks, then batch·kv head
@@ -88,7 +91,6 @@ def decode_split_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     lo = split * tiles_per_split * BLOCK_N
     hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
-    last_key = seqlen - n_q + qi                      # causal, aligned to the end of the cache
     if IS_CAUSAL:                                     # tiles past the block's last query's keys: skipped
         last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
         hi = tl.minimum(hi, seqlen - n_q + last_q + 1)
@@ -104,16 +106,14 @@ def decode_split_kernel(
                                 sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
         v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
                                 sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale     # S = Q Kᵀ·scale·log2 e
-        valid = col_ok[None, :] & row_ok[:, None]
-        if IS_CAUSAL:
-            valid = valid & (cols[None, :] <= last_key[:, None])
-        s = tl.where(valid, s, -float("inf"))
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
+        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys and (causal) past the query's position:
+        # the band key − query ≤ seqlen − Sq, queries being the rows' positions qi
+        s, _ = masked_scores(q, k, q, qi, cols, n_q, hi, qk_scale, softcap, -n_q, seqlen - n_q,
+                             False, IS_CAUSAL, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, True, INPUT_PRECISION)
 
-    has_key = l_i > 0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]                # a row with no key: 0, not 0/0
-    lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), -float("inf"))
+    # a row with no key: O = 0, L = −inf (no weight in the merge)
+    o, lse, _ = finish_rows(acc, l_i, m_i, 0.0, False, -float("inf"))
     flat = (z * n_q + qi) * H + h                                 # row of the (B, Sq, H) output
     if WRITE_FINAL:
         tl.store(O + z.to(tl.int64) * soz + qi[:, None] * som + h[:, None] * soh + offs_d[None, :] * sod,
@@ -141,16 +141,8 @@ def decode_merge_kernel(O_PART, LSE_PART, O, LSE, soz, som, soh, sod, n_rows, n_
         part = offs_r.to(tl.int64) * num_splits + s
         lse_s = tl.load(LSE_PART + part, mask=row_ok, other=-float("inf"))
         o_s = tl.load(O_PART + part[:, None] * head_dim + offs_d[None, :], mask=ok, other=0.0)
-        m_new = tl.maximum(m, lse_s)                              # m = max(m_a, m_b)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_safe)                          # l_a·2^(m_a − m) …
-        w = tl.math.exp2(lse_s - m_safe)                          # … + l_b·2^(m_b − m), l_b = 1
-        l = l * alpha + w  # noqa: E741
-        acc = acc * alpha[:, None] + w[:, None] * o_s             # outputs weighted the same way
-        m = m_new
-    has_key = l > 0
-    o = acc / tl.where(has_key, l, 1.0)[:, None]
-    lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), -float("inf"))
+        acc, l, m = merge_step(acc, l, m, o_s, lse_s)  # noqa: E741
+    o, lse, _ = finish_rows(acc, l, m, 0.0, False, -float("inf"))
     h = offs_r % H
     qi = (offs_r // H) % n_q
     z = offs_r // (H * n_q)

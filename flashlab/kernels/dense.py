@@ -4,11 +4,15 @@ The algorithm is notebook 03/04's tiled attention; here each tile really lives o
 
 Forward, one program per (block of BLOCK_M queries, batch·head):
     load Q_i once; for each key block j (causal: only j up to the diagonal)
-        S = Q_i K_jᵀ · scale·log2(e)          (exponents in base 2: exp2 is one instruction)
-        mask: keys ≥ Nk, causal j > i, boolean attn_mask → −inf; float attn_mask added
+        S = Q_i K_jᵀ · scale·log2(e)          (exponents in base 2: exp2 is one instruction;
+                                               soft-capped, masked: `flashlab.kernels.tile`)
         m' = max(m, rowmax S);  P̃ = 2^(S − m');  l' = l·2^(m − m') + rowsum P̃
         acc' = acc·2^(m − m') + P̃ V_j
     O_i = acc / l;  L_i = m + log2 l  (base-2 log-sum-exp, +inf for a row with no key)
+
+Every rule a tile follows (scores, soft-capping, which keys a query sees, the attn_mask, dropout,
+the online-softmax update, the log-sum-exp) is `flashlab.kernels.tile`'s, shared with the other
+kernel families; this module walks the tiles.
 
 Tiles that need no mask (whole blocks, below the causal diagonal, no attn_mask) run on an
 unchecked fast path in all three kernels; the rest are checked.
@@ -35,6 +39,7 @@ bit for (b, h, i, j) regenerates it, so the N×N mask is never stored:
     forward      acc += (P̃ ∘ Z) V_j, and O = acc / (l·(1 − p))   (l sums the undropped P̃)
     backward     dV += (P ∘ Z/(1−p))ᵀ dO,  dP = (dO Vᵀ) ∘ Z/(1−p),  dS = P ∘ (dP − D)
 D = rowsum(dO ∘ O) still equals rowsum(P ∘ dP) because O already holds the dropped P.
+With soft-capping (SOFTCAP) dS is multiplied by the cap's derivative before dQ and dK.
 
 Masks are read tile by tile through their strides; broadcast dimensions have stride 0,
 so a (B, 1, 1, Nk) key-padding mask is never expanded in memory.
@@ -50,12 +55,22 @@ dK/dV pass's.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x·log2 e)
+from .tile import (
+    clean_range,
+    dot,
+    dot_acc,
+    dropout_keep,
+    finish_rows,
+    l_fix,
+    mask_tile_ptrs,
+    masked_scores,
+    online_softmax_step,
+    scores,
+    soft_cap_grad,
+)
 
 SKIPPED, MASKED, FULL = 0, 1, 2   # what the causal forward does with a (query block, key block) tile
 
@@ -65,7 +80,7 @@ def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int, band=None) 
     (query block, key block) tile: SKIPPED (its loop stops before the tile), FULL (computed
     on the unchecked path: the tile ends before the block's first query and inside Nk) or
     MASKED (computed with bounds and causal masks). Rows are query blocks, columns key
-    blocks. The bounds are the kernel's own (`_key_range`, which tests/test_flash_triton.py
+    blocks. The bounds are the kernel's own (`_key_range`, which tests/kernels/test_flash_triton.py
     runs against this): ``hi = min(n_k, (start_m + 1)·BLOCK_M)`` and ``clean_hi`` = the
     block's first query rounded down to a BLOCK_N multiple.
 
@@ -95,23 +110,6 @@ def causal_tile_plan(n_q: int, n_k: int, block_m: int, block_n: int, band=None) 
                 row.append(MASKED)
         plan.append(row)
     return plan
-
-
-@triton.jit
-def clean_range(lo, hi, first_row, last_row, shift, left, right, other_len, BLOCK: tl.constexpr):
-    """[a, b): the tiles t = lo, lo + BLOCK, … < hi that need no mask: every (row, col) pair with
-    row in first_row..last_row and col in the tile lies in the band −left ≤ col − row − shift ≤ right,
-    and the tile ends inside the sequence (col < other_len). In the forward and dQ pass rows are
-    queries and tiles keys; the dK/dV pass calls it with the roles swapped (shift, left, right
-    negated and exchanged). Tiles [lo, a) and [b, hi) are masked. (Shared with
-    `flashlab.kernels.varlen`.)"""
-    # col ≥ row + shift − left for the last row  ⇒  tile start ≥ last_row + shift − left
-    a = lo + tl.cdiv(tl.maximum(last_row + shift - left - lo, 0), BLOCK) * BLOCK
-    a = tl.minimum(a, tl.maximum(hi, lo))          # never past hi: [lo, a) stays inside [lo, hi)
-    # col ≤ row + shift + right for the first row, and col < other_len  ⇒  tile start ≤ last_start
-    last_start = tl.minimum(first_row + shift + right - BLOCK + 1, other_len - BLOCK)
-    b = tl.where(last_start >= a, lo + ((last_start - lo) // BLOCK + 1) * BLOCK, a)
-    return a, tl.minimum(tl.maximum(b, a), tl.maximum(hi, a))
 
 
 @triton.jit
@@ -201,105 +199,6 @@ def _query_range(start_n, n_q, n_k, band_lo, band_hi, IS_CAUSAL: tl.constexpr, H
     return lo, clean_lo, clean_hi, hi
 
 
-@triton.jit
-def _round_to_tf32(x):
-    """fp32 → TF32 (10 mantissa bits), rounded to nearest even; Inf and NaN kept. Hopper's tensor
-    cores read an fp32 operand's top 19 bits and drop the rest (round toward zero): on an H200 that
-    made flashlab's TF32 attention 3.6× less accurate (normwise 1.5e-3) than PyTorch's TF32 matmuls
-    (4.2e-4), which round to nearest. Triton's own TF32 tensor descriptors round this way."""
-    bits = x.to(tl.uint32, bitcast=True)
-    special = (bits & 0x7F800000) == 0x7F800000
-    rounded = (bits + (((bits >> 13) & 1) + 0xFFF)) & 0xFFFFE000
-    return tl.where(special, bits, rounded).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def dot(a, b, INPUT_PRECISION: tl.constexpr):
-    """a @ b with fp32 sums. INPUT_PRECISION "ieee": exact products; "tf32": fp32 operands
-    rounded to TF32 to nearest first (then the tensor cores' truncation drops only zeros), as
-    cuBLAS does when torch allows TF32; 16-bit operands go to the tensor cores as they are."""
-    if INPUT_PRECISION == "tf32":
-        if a.dtype == tl.float32:
-            a = _round_to_tf32(a)
-        if b.dtype == tl.float32:
-            b = _round_to_tf32(b)
-    return tl.dot(a, b, input_precision=INPUT_PRECISION)
-
-
-def mask_row_shared(mask_strides, has_mask: bool, small: bool = False, key_tile: int = 0) -> bool:
-    """Whether a kernel loads the mask as one row that every query shares (`_mask_tile_ptrs`): a
-    mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)), instead of BLOCK_M copies of
-    that row. The general kernels do by default: on an H100 at 4 × 16 × 4096 × 64 it took a float
-    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (results/README,
-    "What an attn_mask costs"). The small path's kernels (``small``, one tile of ``key_tile`` keys) do
-    by default when that tile holds at most 64 keys: on an H100 at 256 × 8 heads, D = 16 and 64, it was
-    as fast or faster at N = 20, 50, 64 (at 50 keys, D = 16, 3.6× faster forward), while at the 128-key
-    tile it was 2.4-3.3× slower forward at N = 128 and 1.05-1.11× faster at N = 100 (results/README,
-    "The small path's A/B"). ``FLASHLAB_MASK_ROW_SHARED=all`` takes it at every tile, ``=0`` nowhere (the
-    copies' load). Read per call, and only for such a mask."""
-    if not (has_mask and mask_strides[2] == 0):
-        return False
-    switch = os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1")
-    if switch == "0":
-        return False
-    return not small or switch == "all" or key_tile <= 64
-
-
-@triton.jit
-def _mask_tile_ptrs(MASK, rows, cols, stride_mm, stride_mn, MASK_ROW_SHARED: tl.constexpr):
-    """The attn_mask's entries for queries ``rows`` × keys ``cols``. With MASK_ROW_SHARED (every
-    query reads the same row: a key-padding mask, (B, 1, 1, Nk) expanded over the queries with
-    stride 0) a 1 × BLOCK_N block, which `_tile_scores` loads once per tile and broadcasts over the
-    queries, instead of a BLOCK_M × BLOCK_N block of BLOCK_M copies of that row."""
-    if MASK_ROW_SHARED:                 # (a constexpr branch: one shape per compiled kernel, one return)
-        ptrs = MASK + cols[None, :] * stride_mn
-    else:
-        ptrs = MASK + rows[:, None] * stride_mm + cols[None, :] * stride_mn
-    return ptrs
-
-
-@triton.jit
-def _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
-                 IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-                 HAS_WINDOW: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """S = Q Kᵀ for the tile of queries ``rows`` and keys ``cols``, in base-2 units, with
-    every masked entry at −inf."""
-    s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
-    valid = (cols < n_k)[None, :] & (rows < n_q)[:, None]
-    if IS_CAUSAL:
-        valid = valid & (cols[None, :] <= rows[:, None])        # top-left: key j ≤ query i
-    if HAS_WINDOW:                                              # the band: i + band_lo ≤ j ≤ i + band_hi
-        rel = cols[None, :] - rows[:, None]
-        valid = valid & (rel >= band_lo) & (rel <= band_hi)
-    if HAS_MASK:
-        if mask_ptrs.shape[0] == 1:                             # one row for every query (_mask_tile_ptrs)
-            mask_tile = tl.load(mask_ptrs, mask=(cols < n_k)[None, :], other=0)
-        else:
-            mask_tile = tl.load(mask_ptrs, mask=valid, other=0)
-        if MASK_IS_BOOL:
-            valid = valid & (mask_tile != 0)                     # True = takes part
-        else:
-            # additive, in base 2. A finite bias past ±FLT_MAX / log2(e) ≈ ±2.36e38 would overflow to ±inf
-            # there, as finfo(float32).min ≈ −3.40e38 (what transformers masks with) does, so it saturates
-            # first: a row masked everywhere with finfo.min gives SDPA's uniform weights (the mean of V), not
-            # zeros (or NaN for a huge +bias); −inf entries stay −inf
-            bias = mask_tile.to(tl.float32)
-            saturated = tl.minimum(tl.maximum(bias, -2.35e38), 2.35e38) * 1.4426950408889634
-            s = s + tl.where(bias == -float("inf"), -float("inf"), saturated)
-    return tl.where(valid, s, -float("inf"))
-
-
-@triton.jit
-def dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p):
-    """Z for one tile: True where entry (zh, i, j) survives dropout (probability 1 − p).
-
-    Philox maps a 64-bit key and a counter to a uniform number in [0, 1). The key is
-    (batch·head, seed), so every head has its own stream; the counter is i·Nk + j, the
-    entry's position in that head's Nq × Nk score matrix (int32: Nq·Nk < 2³¹, checked)."""
-    key = (zh.to(tl.int64) << 32) + seed
-    return tl.rand(key, offs_m[:, None] * n_k + cols[None, :]) >= dropout_p
-
-
 @triton.jit(do_not_specialize=["seed"])
 def dropout_mask_kernel(KEEP, seed, n_q, n_k, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Writes Z for (B·H, Nq, Nk) as uint8, so tests can see the mask the kernels use."""
@@ -321,62 +220,55 @@ def _load_whole_rows(ptrs, d_ok, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k, qk_scale, band_lo, band_hi,
-               CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-               HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _key_block(q, k_ptrs, v_ptrs, mask_ptrs, rows, cols, d_ok, n_q, n_k,
+               qk_scale, softcap, band_lo, band_hi,
+               CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+               MASK_IS_BOOL: tl.constexpr, SOFTCAP: tl.constexpr, EVEN_D: tl.constexpr,
+               INPUT_PRECISION: tl.constexpr):
     """K_j, V_j and S = Q K_jᵀ (base 2) for the key block ``cols``, its tiles at ``k_ptrs``,
-    ``v_ptrs`` and ``mask_ptrs``, as the forward and the dQ pass both stream them.
-    CHECKED=False is the fast path for tiles known to need no masking at all (inside Nk,
-    below the causal diagonal, no attn_mask): no bounds checks, no −inf fills."""
+    ``v_ptrs`` and ``mask_ptrs``, as the forward and the dQ pass both stream them; and the capped
+    scores before the mask (`tile.masked_scores`). CHECKED=False is the fast path for tiles known
+    to need no masking at all (inside Nk, below the causal diagonal, no attn_mask): no bounds
+    checks, no −inf fills."""
     if CHECKED:
         kv_ok = (cols < n_k)[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
-        s = _tile_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, band_lo, band_hi,
-                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, INPUT_PRECISION)
+        s, capped = masked_scores(q, k, mask_ptrs, rows, cols, n_q, n_k, qk_scale, softcap, band_lo, band_hi,
+                                  IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, INPUT_PRECISION)
         v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
     else:
         k = _load_whole_rows(k_ptrs, d_ok, EVEN_D)
         v = _load_whole_rows(v_ptrs, d_ok, EVEN_D)
-        s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
-    return k, v, s
+        s = scores(q, k, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)
+        capped = s
+    return k, v, s, capped
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
-                   CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                   MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                   EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _forward_tiles(acc, l_i, m_i, q,
+                   k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                   offs_m, d_ok, lo, hi, n_q, n_k,
+                   qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p,
+                   CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+                   MASK_IS_BOOL: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
     ``k_ptrs``, ``v_ptrs``, ``mask_ptrs`` are the tiles of key block 0, one key row apart
     by ``stride_kn``, ``stride_vn``, ``stride_mn``. CHECKED as in `_key_block`."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
-                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale, band_lo,
-                             band_hi, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, EVEN_D, INPUT_PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)   # no key yet: avoid −inf − −inf
-        p = tl.math.exp2(s - m_safe[:, None])                   # P̃ = 2^(S − m')
-        alpha = tl.math.exp2(m_i - m_safe)                      # 2^(m − m')
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:                                             # l keeps every P̃; only acc sees Z
-            p = tl.where(dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p), p, 0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, INPUT_PRECISION)
-        m_i = m_new
+        k, v, s, _ = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
+                                mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k,
+                                qk_scale, softcap, band_lo, band_hi,
+                                CHECKED, IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, EVEN_D,
+                                INPUT_PRECISION)
+        keep = s                                         # (unused without dropout)
+        if DROPOUT:
+            keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, keep, qk_scale,
+                                            DROPOUT, False, CHECKED, INPUT_PRECISION)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _l_fix(lse, m, l, has_key):
-    """What the backward's P = 2^(S − L) is short by, per row: c = 2^(L − m) / l, so that
-    c·2^(S − L) = 2^(S − m) / l exactly. It is 1 to rounding, except where a float mask put
-    m so far from 0 that L = m + log2 l lost log2 l: a row masked everywhere with
-    finfo(float32).min (m ≈ −3.4e38, where fp32's spacing is 2e31) has L = m, and c = 1/l.
-    Stored for float masks only (nothing else moves m that far), ``l_fix_offset`` entries after L;
-    the backward multiplies its recomputed P by it (dQ, which is linear in P, at the end)."""
-    return tl.where(has_key, tl.math.exp2(tl.where(has_key, lse - m, 0.0)) / tl.where(has_key, l, 1.0), 1.0)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -384,10 +276,12 @@ def flash_forward_kernel(
     Q, K, V, MASK, O, L,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
+    H, n_q, n_k, head_dim, GROUP,
+    qk_scale, softcap, band_lo, band_hi, seed, dropout_p, l_fix_offset,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    MASK_ROW_SHARED: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     # A 1-D grid of cdiv(Nq, BLOCK_M)·B·H programs, query blocks varying fastest (programs of
     # one head run together and share its K/V in L2). CUDA caps grid dims 1 and 2 at 65535,
@@ -417,38 +311,36 @@ def flash_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
-    mask_ptrs = _mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
+    mask_ptrs = mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
 
     lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
                                             BLOCK_M, BLOCK_N)
-    if HAS_WINDOW:                                      # the window's near edge, checked
-        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
-                                       offs_m, d_ok, lo, clean_lo, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
-                                       band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, False,
-                                       BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
-                                   offs_m, d_ok, clean_lo, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
-                                   band_hi, False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D,
-                                   BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
-                                   offs_m, d_ok, clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo,
-                                   band_hi, True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, False,
-                                   BLOCK_N, INPUT_PRECISION)
+    # three runs of key blocks: [lo, clean_lo) checked (a window's near edge; empty without one),
+    # [clean_lo, clean_hi) on the unchecked fast path, [clean_hi, hi) checked (the diagonal, Nk's end)
+    for part in tl.static_range(3):
+        if part == 0:
+            a, b = lo, clean_lo
+        elif part == 1:
+            a, b = clean_lo, clean_hi
+        else:
+            a, b = clean_hi, hi
+        if part != 0 or HAS_WINDOW:
+            acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q,
+                                           k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                                           offs_m, d_ok, a, b, n_q, n_k,
+                                           qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p,
+                                           part != 1, IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, DROPOUT,
+                                           EVEN_D, BLOCK_N, INPUT_PRECISION)
 
-    has_key = l_i > 0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]               # a row with no key: 0, not 0/0
-    if DROPOUT:
-        o = o * (1.0 / (1.0 - dropout_p))                       # survivors scaled by 1/(1 − p)
+    o, lse, has_key = finish_rows(acc, l_i, m_i, dropout_p, DROPOUT, float("inf"))
     row_ok = offs_m < n_q
     O += z * stride_oz + h * stride_oh
     L += zh * n_q
     tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
-    # L = m + log2 l; +inf for an empty row makes the backward's 2^(S − L) exactly 0
-    lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
-    tl.store(L + offs_m, lse, mask=row_ok)
-    if HAS_MASK and not MASK_IS_BOOL:                   # c = 2^(L − m)/l, l_fix_offset after L: `_l_fix`
-        tl.store(L + l_fix_offset + offs_m, _l_fix(lse, m_i, l_i, has_key), mask=row_ok)
+    tl.store(L + offs_m, lse, mask=row_ok)              # +inf for an empty row: the backward's 2^(S − L) = 0
+    if HAS_MASK and not MASK_IS_BOOL:                   # c = 2^(L − m)/l, l_fix_offset after L: `tile.l_fix`
+        tl.store(L + l_fix_offset + offs_m, l_fix(lse, m_i, l_i, has_key), mask=row_ok)
 
 
 @triton.jit
@@ -469,15 +361,17 @@ def flash_backward_preprocess_kernel(O, DO, DELTA, stride_oz, stride_oh, stride_
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, stride_dom, stride_mm, cols, d_ok,
-                lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset,
-                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-                MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr,
+def _dkdv_tiles(dk, dv, k, v,
+                q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, stride_dom, stride_mm,
+                cols, d_ok, lo, hi, n_q, n_k,
+                qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p, l_fix_offset,
+                CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+                MASK_IS_BOOL: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dK_j and dV_j (keys ``cols``) over query blocks lo, lo + BLOCK_M, … < hi of
     one q head: ``q_ptrs``, ``do_ptrs``, ``mask_ptrs`` are its tiles of query block 0, one
     query row apart by ``stride_qm``, ``stride_dom``, ``stride_mm``; L and DELTA its rows (and,
-    with a float mask, each row's fix c `l_fix_offset` after L: `_l_fix`).
+    with a float mask, each row's fix c `l_fix_offset` after L: `tile.l_fix`).
 
     CHECKED=False is the fast path for tiles that need no masking: whole query blocks
     (inside Nq), a whole key block (inside Nk), entirely on or below the causal diagonal,
@@ -488,30 +382,34 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L, DELTA, stride_qm, s
         if CHECKED:
             q_ok = (offs_m < n_q)[:, None] & d_ok[None, :]
             q = tl.load(q_ptrs + start_m * stride_qm, mask=q_ok, other=0.0)
-            s = _tile_scores(q, k, mask_ptrs + start_m * stride_mm, offs_m, cols, n_q, n_k, qk_scale, band_lo,
-                             band_hi, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, INPUT_PRECISION)
+            s, capped = masked_scores(q, k, mask_ptrs + start_m * stride_mm, offs_m, cols, n_q, n_k,
+                                      qk_scale, softcap, band_lo, band_hi,
+                                      IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, INPUT_PRECISION)
             lse = tl.load(L + offs_m, mask=offs_m < n_q, other=float("inf"))
             do = tl.load(do_ptrs + start_m * stride_dom, mask=q_ok, other=0.0)
             delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
         else:
             q = _load_whole_rows(q_ptrs + start_m * stride_qm, d_ok, EVEN_D)
             do = _load_whole_rows(do_ptrs + start_m * stride_dom, d_ok, EVEN_D)
-            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
+            s = scores(q, k, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)
+            capped = s
             lse = tl.load(L + offs_m)
             delta = tl.load(DELTA + offs_m)
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
-        if HAS_MASK and not MASK_IS_BOOL:                        # exact where L lost log2 l: P·c (_l_fix)
+        if HAS_MASK and not MASK_IS_BOOL:                        # exact where L lost log2 l: P·c (tile.l_fix)
             p = p * tl.load(L + l_fix_offset + offs_m, mask=offs_m < n_q, other=1.0)[:, None]
         dp = dot(do, tl.trans(v), INPUT_PRECISION)               # dP = dO Vᵀ
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-            dv += dot(tl.trans(p_dropped.to(do.dtype)), do, INPUT_PRECISION)
+            dv = dot_acc(tl.trans(p_dropped.to(do.dtype)), do, dv, INPUT_PRECISION)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
         else:
-            dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)                 # dV += Pᵀ dO
+            dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)         # dV += Pᵀ dO
         ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
-        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)                      # dK += dSᵀ Q
+        if SOFTCAP:
+            ds = ds * soft_cap_grad(capped, softcap)                                 # through the cap
+        dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)              # dK += dSᵀ Q
     return dk, dv
 
 
@@ -521,10 +419,12 @@ def flash_backward_dkdv_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
+    H, n_q, n_k, head_dim, GROUP,
+    qk_scale, sm_scale, softcap, band_lo, band_hi, seed, dropout_p, l_fix_offset,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    MASK_ROW_SHARED: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, FAST_PATH: tl.constexpr,
 ):
     num_n = tl.cdiv(n_k, BLOCK_N)                                 # 1-D grid, key blocks fastest
     start_n = (tl.program_id(0) % num_n) * BLOCK_N
@@ -560,23 +460,25 @@ def flash_backward_dkdv_kernel(
     for g in range(0, GROUP):                                   # every q head that uses this k/v head
         q_ptrs = Q + g * stride_qh + offs_mb[:, None] * stride_qm + offs_d[None, :]
         do_ptrs = DO + g * stride_doh + offs_mb[:, None] * stride_dom + offs_d[None, :]
-        mask_ptrs = _mask_tile_ptrs(MASK + g * stride_mh, offs_mb, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
+        mask_ptrs = mask_tile_ptrs(MASK + g * stride_mh, offs_mb, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
         zh = z * H + first_h + g
-        # diagonal (all of [lo, hi) without FAST_PATH: one loop, less code and fewer registers,
+        # the diagonal (all of [lo, hi) without FAST_PATH: one loop, less code and fewer registers,
         # see autotune.Config), then the unchecked middle, then the ragged end of Nq (a window's far edge)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
-                             stride_qm, stride_dom, stride_mm, offs_n, d_ok, lo, clean_lo, n_q, n_k, qk_scale,
-                             seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, True, IS_CAUSAL, HAS_MASK,
-                             MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
-        if FAST_PATH:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
-                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_lo, clean_hi, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, False, IS_CAUSAL,
-                                 HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
-                                 stride_qm, stride_dom, stride_mm, offs_n, d_ok, clean_hi, hi, n_q, n_k,
-                                 qk_scale, seed, zh, dropout_p, band_lo, band_hi, l_fix_offset, True, IS_CAUSAL,
-                                 HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_M, INPUT_PRECISION)
+        for part in tl.static_range(3):
+            if part == 0:
+                a, b = lo, clean_lo
+            elif part == 1:
+                a, b = clean_lo, clean_hi
+            else:
+                a, b = clean_hi, hi
+            if part == 0 or FAST_PATH:
+                dk, dv = _dkdv_tiles(dk, dv, k, v,
+                                     q_ptrs, do_ptrs, mask_ptrs, L + g * n_q, DELTA + g * n_q,
+                                     stride_qm, stride_dom, stride_mm,
+                                     offs_n, d_ok, a, b, n_q, n_k,
+                                     qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p, l_fix_offset,
+                                     part != 1, IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, DROPOUT,
+                                     EVEN_D, BLOCK_M, INPUT_PRECISION)
     DK += z * stride_dkz + kv_h * stride_dkh
     DV += z * stride_dvz + kv_h * stride_dvh
     tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
@@ -585,10 +487,12 @@ def flash_backward_dkdv_kernel(
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-              lo, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
-              CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-              MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr, HAS_WINDOW: tl.constexpr, EVEN_D: tl.constexpr,
+def _dq_tiles(dq, q, do, lse, delta,
+              k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+              offs_m, d_ok, lo, hi, n_q, n_k,
+              qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p,
+              CHECKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+              MASK_IS_BOOL: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
               BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi, the key tiles as in
     `_forward_tiles`; CHECKED=False as in the forward: whole key blocks below the causal
@@ -597,16 +501,20 @@ def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, strid
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k, v, s = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
-                             mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k, qk_scale, band_lo,
-                             band_hi, CHECKED, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, HAS_WINDOW, EVEN_D, INPUT_PRECISION)
+        k, v, s, capped = _key_block(q, k_ptrs + start_n * stride_kn, v_ptrs + start_n * stride_vn,
+                                     mask_ptrs + start_n * stride_mn, offs_m, cols, d_ok, n_q, n_k,
+                                     qk_scale, softcap, band_lo, band_hi,
+                                     CHECKED, IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, EVEN_D,
+                                     INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = dot(do, tl.trans(v), INPUT_PRECISION)
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])
-        dq += dot(ds.to(k.dtype), k, INPUT_PRECISION)               # dQ += dS K
+        if SOFTCAP:
+            ds = ds * soft_cap_grad(capped, softcap)
+        dq = dot_acc(ds.to(k.dtype), k, dq, INPUT_PRECISION)           # dQ += dS K
     return dq
 
 
@@ -615,10 +523,12 @@ def flash_backward_dq_kernel(
     Q, K, V, MASK, DO, L, DELTA, DQ,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_doz, stride_doh, stride_dom, stride_dqz, stride_dqh, stride_dqm,
-    H, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, band_lo, band_hi, l_fix_offset,
-    IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, DROPOUT: tl.constexpr,
+    H, n_q, n_k, head_dim, GROUP,
+    qk_scale, sm_scale, softcap, band_lo, band_hi, seed, dropout_p, l_fix_offset,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    MASK_ROW_SHARED: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     num_m = tl.cdiv(n_q, BLOCK_M)                                 # 1-D grid, query blocks fastest
     start_m, zh = tl.program_id(0) % num_m, tl.program_id(0) // num_m
@@ -645,21 +555,25 @@ def flash_backward_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptrs = K + offs_n[:, None] * stride_kn + offs_d[None, :]
     v_ptrs = V + offs_n[:, None] * stride_vn + offs_d[None, :]
-    mask_ptrs = _mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
+    mask_ptrs = mask_tile_ptrs(MASK, offs_m, offs_n, stride_mm, stride_mn, MASK_ROW_SHARED)
 
     lo, clean_lo, clean_hi, hi = _key_range(start_m, n_q, n_k, band_lo, band_hi, IS_CAUSAL, HAS_MASK, HAS_WINDOW,
                                             BLOCK_M, BLOCK_N)                      # the forward's split
-    if HAS_WINDOW:
-        dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m,
-                       d_ok, lo, clean_lo, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
-                       True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   clean_lo, clean_hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
-                   False, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn, offs_m, d_ok,
-                   clean_hi, hi, n_q, n_k, qk_scale, seed, zh, dropout_p, band_lo, band_hi,
-                   True, IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, DROPOUT, HAS_WINDOW, EVEN_D, BLOCK_N, INPUT_PRECISION)
-    if HAS_MASK and not MASK_IS_BOOL:          # dQ is linear in each row's P: its fix c (_l_fix) at the end
+    for part in tl.static_range(3):                     # the forward's three runs of key blocks
+        if part == 0:
+            a, b = lo, clean_lo
+        elif part == 1:
+            a, b = clean_lo, clean_hi
+        else:
+            a, b = clean_hi, hi
+        if part != 0 or HAS_WINDOW:
+            dq = _dq_tiles(dq, q, do, lse, delta,
+                           k_ptrs, v_ptrs, mask_ptrs, stride_kn, stride_vn, stride_mn,
+                           offs_m, d_ok, a, b, n_q, n_k,
+                           qk_scale, softcap, band_lo, band_hi, seed, zh, dropout_p,
+                           part != 1, IS_CAUSAL, HAS_WINDOW, HAS_MASK, MASK_IS_BOOL, SOFTCAP, DROPOUT,
+                           EVEN_D, BLOCK_N, INPUT_PRECISION)
+    if HAS_MASK and not MASK_IS_BOOL:          # dQ is linear in each row's P: its fix c (tile.l_fix) at the end
         dq = dq * tl.load(L + l_fix_offset + offs_m, mask=offs_m < n_q, other=1.0)[:, None]
     DQ += z * stride_dqz + h * stride_dqh
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)

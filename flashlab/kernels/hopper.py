@@ -1,10 +1,10 @@
 """FlashAttention for Hopper (sm_90) in Triton: the steps from FlashAttention-2 towards
 FlashAttention-3 that Triton can express, as compile-time switches of three kernels.
 
-`flash_triton.py` stays the course's kernel (every feature, runs in the interpreter); this
-module is its fast path for the common case on an H100/H200: fp16/bf16, D ∈ {64, 128}, no
-attn_mask, no dropout, one k/v head per q head. Each switch is one rung of the ladder that
-``measurements/hopper_ladder.py`` measures (`LADDER`, at the end of this file):
+`flashlab.kernels.dense` stays the course's kernel (every feature, runs in the interpreter); this
+module is its fast path for the common case on sm_90: fp16/bf16, D ∈ {64, 128}, no attn_mask,
+dropout, window or soft-cap, one k/v head per q head. Each switch is one rung of the ladder that
+the hopper-ladder suite measures (`LADDER`, at the end of this file):
 
     FOLD_SCALE       the softmax scale·log2(e) folded into the exponent: the row maximum is
                      taken over the raw scores and scaled once per row, and each score costs one
@@ -18,10 +18,11 @@ Not here: warp specialisation (``tl.range(..., warp_specialize=True)``, a produc
 loads beside consumer warps for the MMAs and the softmax). Triton 3.6's Hopper pass
 (NVGPUWarpSpecialization) rejects these loops when compiling for sm_90: it aborts the process on
 the forward ("unsupported op type", WSDataPartition.cpp) and fails on a plain 2-D-descriptor
-version of it, so the ladder has no such step (results/cpu_aot/hopper_ladder_sm90_triton36.txt).
+version of it, so the ladder has no such step; notebook 11 takes warp specialisation to Gluon.
 
-What stays as in `flash_triton.py`: the online softmax in base 2, the log-sum-exp L = m + log2 l
-the backward reads, a masked loop only for tiles on the causal diagonal or the ragged end of N.
+What stays as in the dense kernels (their shared rules, `flashlab.kernels.tile`): the online
+softmax in base 2, the log-sum-exp L = m + log2 l the backward reads, a masked loop only for
+tiles on the causal diagonal or the ragged end of N.
 
 Why no masks are needed off the diagonal, even for N not a multiple of the block: a row past
 N is loaded as zeros (the descriptor's bounds, or a masked load's ``other=0``), so
@@ -33,7 +34,7 @@ N is loaded as zeros (the descriptor's bounds, or a masked load's ``other=0``), 
 
 The dK/dV kernel works transposed, as the FlashAttention-2 paper's backward does on Hopper:
 Sᵀ = K Qᵀ, so Pᵀ and dSᵀ come out of the MMAs in the orientation the next MMA needs
-(dV += Pᵀ dO, dK += dSᵀ Q): no register tile is transposed (`flash_triton.py` computes S and
+(dV += Pᵀ dO, dK += dSᵀ Q): no register tile is transposed (the dense kernels compute S and
 transposes P and dS, a trip through shared memory each).
 
 Tensors are (B, H, N, D) with the head dimension contiguous; descriptors are rank 4 over that
@@ -46,6 +47,8 @@ from dataclasses import dataclass, field
 
 import triton
 import triton.language as tl
+
+from .tile import finish_rows, online_softmax_step, visible
 
 
 @triton.jit
@@ -74,42 +77,26 @@ def _store_rows(desc, base, z, h, row0, n_rows, stride_row, tile,
 
 
 @triton.jit
-def _forward_tiles(acc, l_i, m_i, q, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, lo, hi, n_k,
+def _forward_tiles(acc, l_i, m_i, q, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, lo, hi, n_q, n_k,
                    qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_N: tl.constexpr, FOLD_SCALE: tl.constexpr, USE_TMA: tl.constexpr,
                   ):
-    """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m).
-    MASKED: keys past Nk and (causal) past the query get −inf; else no mask at all."""
+    """Folds key blocks lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m)
+    (`tile.online_softmax_step`; with FOLD_SCALE the scale inside the exponent).
+    MASKED: keys past Nk and (causal) past the query get −inf (`tile.visible`); else no mask at all."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = _load_rows(desc_k, K, z, h, start_n, n_k, stride_kn, BLOCK_N, HEAD_DIM, USE_TMA)
         s = tl.dot(q, tl.trans(k))                                   # S = Q K_jᵀ (unscaled)
         if not FOLD_SCALE:
-            s = s * qk_scale                                         # today's kernel: the tile scaled first
+            s = s * qk_scale                                         # the tile scaled first
         if MASKED:
-            cols = start_n + offs_n
-            valid = (cols < n_k)[None, :]
-            if IS_CAUSAL:
-                valid = valid & (cols[None, :] <= offs_m[:, None])   # top-left: key j ≤ query i
+            valid = visible(offs_m, start_n + offs_n, n_q, n_k, 0, 0, IS_CAUSAL, False)
             s = tl.where(valid, s, -float("inf"))
-        if FOLD_SCALE:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)         # max(S·c) = max(S)·c for c > 0
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:
-            m_new_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet
-        else:
-            m_new_safe = m_new                                       # every row has BLOCK_N keys here
-        if FOLD_SCALE:
-            p = tl.math.exp2(s * qk_scale - m_new_safe[:, None])     # P̃ = 2^(S·c − m'), one FMA a score
-        else:
-            p = tl.math.exp2(s - m_new_safe[:, None])                # P̃ = 2^(S − m')
-        alpha = tl.math.exp2(m_i - m_new_safe)                       # 2^(m − m')
-        l_i = l_i * alpha + tl.sum(p, 1)                             # l' = l·2^(m − m') + rowsum P̃
         v = _load_rows(desc_v, V, z, h, start_n, n_k, stride_vn, BLOCK_N, HEAD_DIM, USE_TMA)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])         # acc' = acc·2^(m − m') + P̃ V_j
-        m_i = m_new
+        # (a masked tile may hold a row with no key yet; off the diagonal every row has BLOCK_N keys)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, FOLD_SCALE, MASKED, "ieee")
     return acc, l_i, m_i
 
 
@@ -148,24 +135,25 @@ def hopper_forward_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
         clean_hi = tl.minimum(clean_hi, start_m * BLOCK_M)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m,
-                                   0, clean_hi, n_k, qk_scale, False, IS_CAUSAL, HEAD_DIM, BLOCK_N, FOLD_SCALE,
-                                   USE_TMA)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m,
-                                   clean_hi, hi, n_k, qk_scale, True, IS_CAUSAL, HEAD_DIM, BLOCK_N, FOLD_SCALE,
-                                   USE_TMA)
+    for part in tl.static_range(2):                      # [0, clean_hi) unmasked, then [clean_hi, hi) masked
+        if part == 0:
+            a, b = 0, clean_hi
+        else:
+            a, b = clean_hi, hi
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m,
+                                       a, b, n_q, n_k, qk_scale, part == 1, IS_CAUSAL, HEAD_DIM, BLOCK_N, FOLD_SCALE,
+                                       USE_TMA)
 
-    # every row has a key (non-causal: all of them; causal top-left: key 0), so l > 0
-    o = acc / l_i[:, None]                                             # O_i = acc / l
+    o, lse, _ = finish_rows(acc, l_i, m_i, 0.0, False, float("inf"))   # O_i = acc / l, L = m + log2 l
     O += z * stride_oz + h * stride_oh
     _store_rows(desc_o, O, z, h, start_m * BLOCK_M, n_q, stride_om, o.to(O.dtype.element_ty),
                 BLOCK_M, HEAD_DIM, USE_TMA)
-    tl.store(L + zh * n_q + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < n_q)   # L = m + log2 l
+    tl.store(L + zh * n_q + offs_m, lse, mask=offs_m < n_q)
 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, desc_q, desc_do, Q, DO, L, DELTA, z, h, stride_qm, stride_dom, offs_n, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                n_k, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                 FOLD_SCALE: tl.constexpr, USE_TMA: tl.constexpr,):
     """Accumulates dK_j, dV_j over query blocks lo, lo + BLOCK_M, … < hi, transposed:
     Sᵀ = K_j Q_iᵀ (keys × queries). MASKED: the causal diagonal (key j > query i → P = 0)."""
@@ -181,8 +169,8 @@ def _dkdv_tiles(dk, dv, k, v, desc_q, desc_do, Q, DO, L, DELTA, z, h, stride_qm,
         else:
             s_t = s_t * qk_scale
             p_t = tl.math.exp2(s_t - lse[None, :])
-        if MASKED:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        if MASKED:                                                    # key j > query i: P = 0
+            p_t = tl.where(visible(offs_n, offs_m, n_q, n_k, 0, 0, True, False, True), p_t, 0.0)
         do = _load_rows(desc_do, DO, z, h, start_m, n_q, stride_dom, BLOCK_M, HEAD_DIM, USE_TMA)
         dv = tl.dot(p_t.to(do.dtype), do, dv)                         # dV += Pᵀ dO
         delta = tl.load(DELTA + offs_m, mask=offs_m < n_q, other=0.0)
@@ -226,9 +214,9 @@ def hopper_dkdv_kernel(
     if IS_CAUSAL:
         lo = tl.minimum(start_n + BLOCK_N, tl.cdiv(n_q, BLOCK_M) * BLOCK_M)
         dk, dv = _dkdv_tiles(dk, dv, k, v, desc_q, desc_do, Q, DO, L, DELTA, z, h, stride_qm, stride_dom, offs_n,
-                             start_n, lo, n_q, qk_scale, True, HEAD_DIM, BLOCK_M, FOLD_SCALE, USE_TMA)
+                             start_n, lo, n_q, n_k, qk_scale, True, HEAD_DIM, BLOCK_M, FOLD_SCALE, USE_TMA)
     dk, dv = _dkdv_tiles(dk, dv, k, v, desc_q, desc_do, Q, DO, L, DELTA, z, h, stride_qm, stride_dom, offs_n,
-                         lo, n_q, n_q, qk_scale, False, HEAD_DIM, BLOCK_M, FOLD_SCALE, USE_TMA)
+                         lo, n_q, n_q, n_k, qk_scale, False, HEAD_DIM, BLOCK_M, FOLD_SCALE, USE_TMA)
 
     DK += z * stride_dkz + h * stride_dkh
     DV += z * stride_dvz + h * stride_dvh
@@ -238,7 +226,7 @@ def hopper_dkdv_kernel(
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, lo, hi, n_k,
+def _dq_tiles(dq, q, do, lse, delta, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, lo, hi, n_q, n_k,
               qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
               FOLD_SCALE: tl.constexpr, USE_TMA: tl.constexpr,):
     """Accumulates dQ_i over key blocks lo, lo + BLOCK_N, … < hi. MASKED: the causal diagonal."""
@@ -252,8 +240,8 @@ def _dq_tiles(dq, q, do, lse, delta, desc_k, desc_v, K, V, z, h, stride_kn, stri
         else:
             s = s * qk_scale
             p = tl.math.exp2(s - lse[:, None])
-        if MASKED:
-            p = tl.where((start_n + offs_nb)[None, :] <= offs_m[:, None], p, 0.0)
+        if MASKED:                                                    # key j > query i: P = 0
+            p = tl.where(visible(offs_m, start_n + offs_nb, n_q, n_k, 0, 0, True, False), p, 0.0)
         v = _load_rows(desc_v, V, z, h, start_n, n_k, stride_vn, BLOCK_N, HEAD_DIM, USE_TMA)
         dp = tl.dot(do, tl.trans(v))                                  # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])                                # dS = P ∘ (dP − D)
@@ -295,10 +283,10 @@ def hopper_dq_kernel(
         hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)
         clean_hi = tl.minimum(n_k, start_m * BLOCK_M)
     dq = _dq_tiles(dq, q, do, lse, delta, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, 0, clean_hi,
-                   n_k, qk_scale, False, HEAD_DIM, BLOCK_N, FOLD_SCALE, USE_TMA)
+                   n_q, n_k, qk_scale, False, HEAD_DIM, BLOCK_N, FOLD_SCALE, USE_TMA)
     if IS_CAUSAL:
         dq = _dq_tiles(dq, q, do, lse, delta, desc_k, desc_v, K, V, z, h, stride_kn, stride_vn, offs_m, clean_hi,
-                       hi, n_k, qk_scale, True, HEAD_DIM, BLOCK_N, FOLD_SCALE, USE_TMA)
+                       hi, n_q, n_k, qk_scale, True, HEAD_DIM, BLOCK_N, FOLD_SCALE, USE_TMA)
     DQ += z * stride_dqz + h * stride_dqh
     _store_rows(desc_dq, DQ, z, h, start_m * BLOCK_M, n_q, stride_dqm, (dq * sm_scale).to(DQ.dtype.element_ty),
                 BLOCK_M, HEAD_DIM, USE_TMA)                          # dQ = scale · Σ dS K
@@ -333,20 +321,17 @@ class Step:
         return {"FOLD_SCALE": self.fold_scale, "USE_TMA": self.use_tma}
 
 
-# The course kernel's defaults on an H200 (autotune._HOPPER's first entries), so that steps 1-3
+# The dense kernels' Hopper defaults (autotune._HOPPER's first entries), so that steps 1-3
 # change the code only; dkdv needs BLOCK_N a multiple of BLOCK_M and dq BLOCK_M of BLOCK_N.
 _SAME_TILES = {
     "forward": {64: [Tiles(128, 64, 4, 3)], 128: [Tiles(128, 64, 8, 3)]},
     "dkdv": {64: [Tiles(64, 64, 4, 2)], 128: [Tiles(64, 64, 4, 2)]},
     "dq": {64: [Tiles(64, 64, 4, 2)], 128: [Tiles(64, 64, 4, 2)]},
 }
-# Step 4's candidates, the dispatcher's default first. The order comes from the first full ladder
-# run on an H200 (2026-12-03, results/h200/hopper_ladder_2026-12-03_first_full.json), which timed
-# every candidate on 16 shapes: the forward at D = 128 was fastest with 64x64 tiles and 4 warps on
-# all 8 of them (0.54 against 0.65 ms at N = 2k full), and no candidate beat step 3's 64x64 w4
-# dK/dV and dQ tiles (at D = 128 the 8-warp dK/dV tiles that were meant to end the spills made
-# the bf16 backward 9-24% (64x128) and 72-91% (64x64) slower), so those stay first. The others
-# remain candidates, timed in every run.
+# Step 4's candidates, the dispatcher's default first: the order the hopper-ladder suite's timings
+# of every candidate give (the forward at D = 128 fastest with 64x64 tiles and 4 warps; no dK/dV or
+# dQ candidate faster than step 3's 64x64 w4, the 8-warp dK/dV tiles meant to end the spills
+# slower). The others remain candidates, timed in every run of the suite.
 _WIDE_TILES = {
     "forward": {64: [Tiles(128, 64, 4, 3), Tiles(128, 128, 4, 2), Tiles(128, 128, 8, 2)],
                 128: [Tiles(64, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(128, 128, 8, 2)]},
@@ -356,7 +341,7 @@ _WIDE_TILES = {
            128: [Tiles(64, 64, 4, 2), Tiles(128, 64, 8, 2), Tiles(64, 32, 4, 2)]},
 }
 
-# Step 0 is the course kernel itself (flash_triton.py through flash_launch); steps 1… each add
+# Step 0 is the course kernel itself (the dense kernels through flashlab.launch.dense); steps 1… each add
 # one change to the previous one.
 LADDER = (
     Step("1 specialised", "the Hopper module's kernels with today's arithmetic: no mask, dropout or GQA code, "

@@ -15,8 +15,9 @@ dK, dV stay on chip while the program's query blocks stream past:
 One launch, every output tile written by exactly one program: no atomics, deterministic.
 
 O and L are the dense forward's (same layout, L in base 2), so either backward can follow
-either forward. Scores, masks and dropout come from the dense kernels' helpers: the same
-masking and the same Philox mask for the same seed. When this path is taken, and how it is
+either forward. Scores, soft-capping, masks, dropout and the softmax update are
+`flashlab.kernels.tile`'s, as the dense kernels': the same masking and the same Philox mask for
+the same seed. When this path is taken, and how it is
 launched: `flashlab.launch.small`.
 """
 
@@ -25,7 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import _l_fix, _mask_tile_ptrs, _tile_scores, dot, dropout_keep
+from .tile import (
+    dot,
+    dot_acc,
+    dropout_keep,
+    finish_rows,
+    l_fix,
+    mask_tile_ptrs,
+    masked_scores,
+    online_softmax_step,
+    soft_cap_grad,
+)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -33,10 +44,12 @@ def small_forward_kernel(
     Q, K, V, MASK, O, L,
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om,
-    H, n_zh, n_q, n_k, head_dim, GROUP, qk_scale, seed, dropout_p, l_fix_offset,
+    H, n_zh, n_q, n_k, head_dim, GROUP,
+    qk_scale, softcap, seed, dropout_p, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
-    DROPOUT: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: cdiv(Nq, BLOCK_M) · cdiv(B·H, HEADS) programs, query blocks fastest
     num_m = tl.cdiv(n_q, BLOCK_M)
@@ -60,29 +73,26 @@ def small_forward_kernel(
                     mask=kv_ok, other=0.0)
         v = tl.load(V + z * stride_vz + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                     mask=kv_ok, other=0.0)
-        mask_ptrs = _mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm, stride_mn,
-                                    MASK_ROW_SHARED)            # key padding: one row for every query
-        # S = Q Kᵀ·scale·log2(e), −inf where masked (keys ≥ Nk, causal j > i, attn_mask)
-        s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,     # no window (band unused)
-                         IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
-        m = tl.max(s, 1)
-        m = tl.where(m == -float("inf"), 0.0, m)        # a row with no key: avoid −inf − −inf
-        p = tl.math.exp2(s - m[:, None])                # P̃ = 2^(S − m), every key at once
-        l = tl.sum(p, 1)                                # l = rowsum P̃ (before dropout)
+        mask_ptrs = mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm, stride_mn,
+                                   MASK_ROW_SHARED)             # key padding: one row for every query
+        # S = Q Kᵀ·scale·log2(e), soft-capped, −inf where masked (keys ≥ Nk, causal j > i, attn_mask)
+        s, _ = masked_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, softcap, 0, 0,   # no band
+                             IS_CAUSAL, False, HAS_MASK, MASK_IS_BOOL, SOFTCAP, INPUT_PRECISION)
+        keep = s                                        # (unused without dropout)
         if DROPOUT:
-            p = tl.where(dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p), p, 0.0)
-        acc = dot(p.to(v.dtype), v, INPUT_PRECISION)    # P̃ V
-        has_key = l > 0
-        o = acc / tl.where(has_key, l, 1.0)[:, None]    # O = P̃ V / l; a row with no key: 0
-        if DROPOUT:
-            o = o * (1.0 / (1.0 - dropout_p))           # survivors scaled by 1/(1 − p)
+            keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
+        # the online softmax from an empty state: every key at once, one step
+        m = tl.full([BLOCK_M], -float("inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)  # noqa: E741 - the paper's name
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        acc, l, m = online_softmax_step(acc, l, m, s, v, keep, qk_scale, DROPOUT, False, True, INPUT_PRECISION)
+        o, lse, has_key = finish_rows(acc, l, m, dropout_p, DROPOUT, float("inf"))
         tl.store(O + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
                  o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        # L = m + log2 l, base 2 as the general forward's; +inf for a row with no key
-        lse = tl.where(has_key, m + tl.math.log2(tl.where(has_key, l, 1.0)), float("inf"))
+        # L = m + log2 l, base 2 as the dense forward's; +inf for a row with no key
         tl.store(L + zh * n_q + offs_m, lse, mask=row_ok)
-        if HAS_MASK and not MASK_IS_BOOL:               # c = 2^(L − m)/l, l_fix_offset after L: `_l_fix`
-            tl.store(L + l_fix_offset + zh * n_q + offs_m, _l_fix(lse, m, l, has_key), mask=row_ok)
+        if HAS_MASK and not MASK_IS_BOOL:               # c = 2^(L − m)/l, l_fix_offset after L: `tile.l_fix`
+            tl.store(L + l_fix_offset + zh * n_q + offs_m, l_fix(lse, m, l, has_key), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -91,10 +101,12 @@ def small_backward_kernel(
     stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
     stride_mz, stride_mh, stride_mm, stride_mn, stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-    H, n_zkv, n_q, n_k, head_dim, GROUP, qk_scale, sm_scale, seed, dropout_p, l_fix_offset,
+    H, n_zkv, n_q, n_k, head_dim, GROUP,
+    qk_scale, sm_scale, softcap, seed, dropout_p, l_fix_offset,
     IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, MASK_ROW_SHARED: tl.constexpr,
-    DROPOUT: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     # 1-D grid: cdiv(B·H_kv, HEADS) programs; each owns HEADS (batch, k/v head) pairs outright
     h_kv = H // GROUP                                   # how many k/v heads (H q heads, GROUP per k/v head)
@@ -130,23 +142,25 @@ def small_backward_kernel(
                             mask=q_ok, other=0.0)
                 delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)       # D_i = rowsum(dO ∘ O)
                 lse = tl.load(L + zh * n_q + offs_m, mask=row_ok, other=float("inf"))
-                mask_ptrs = _mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm,
-                                            stride_mn, MASK_ROW_SHARED)
-                s = _tile_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, 0, 0,   # no window
-                                 IS_CAUSAL, HAS_MASK, MASK_IS_BOOL, False, INPUT_PRECISION)
+                mask_ptrs = mask_tile_ptrs(MASK + z * stride_mz + h * stride_mh, offs_m, offs_n, stride_mm,
+                                           stride_mn, MASK_ROW_SHARED)
+                s, capped = masked_scores(q, k, mask_ptrs, offs_m, offs_n, rows, keys, qk_scale, softcap, 0, 0,
+                                          IS_CAUSAL, False, HAS_MASK, MASK_IS_BOOL, SOFTCAP, INPUT_PRECISION)
                 p = tl.math.exp2(s - lse[:, None])                            # P = 2^(S − L), recomputed
-                if HAS_MASK and not MASK_IS_BOOL:                             # exact where L lost log2 l (_l_fix)
+                if HAS_MASK and not MASK_IS_BOOL:                             # exact where L lost log2 l (l_fix)
                     p = p * tl.load(L + l_fix_offset + zh * n_q + offs_m, mask=row_ok, other=1.0)[:, None]
                 dp = dot(do, tl.trans(v), INPUT_PRECISION)                    # dP = dO Vᵀ
                 if DROPOUT:
                     keep = dropout_keep(seed, zh, offs_m, offs_n, n_k, dropout_p)
                     p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-                    dv += dot(tl.trans(p_dropped.to(do.dtype)), do, INPUT_PRECISION)
+                    dv = dot_acc(tl.trans(p_dropped.to(do.dtype)), do, dv, INPUT_PRECISION)
                     dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)   # through Z/(1−p)
                 else:
-                    dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)  # dV += Pᵀ dO
+                    dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)  # dV += Pᵀ dO
                 ds = p * (dp - delta[:, None])                                # dS = P ∘ (dP − D)
-                dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)       # dK += dSᵀ Q
+                if SOFTCAP:
+                    ds = ds * soft_cap_grad(capped, softcap)                  # through the cap
+                dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)  # dK += dSᵀ Q
                 # dQ_i = dS K · scale is complete: this program holds every key of the head
                 dq = dot(ds.to(k.dtype), k, INPUT_PRECISION) * sm_scale
                 tl.store(DQ + z * stride_dqz + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],

@@ -17,8 +17,9 @@ The kernels are notebook 05/06's, with two changes:
   (key j is seen by queries j − shift − right ≤ i ≤ j − shift + left) to bound its query loop.
 
 Inside [lo, hi) the tiles wholly inside the band (and inside the sequence) run on an unmasked
-fast path (`clean_range`), as in notebook 05; only the tiles the band's edges cross are masked.
-The log-sum-exp L (base 2, +inf for a query with no key) is stored as (heads, total_q).
+fast path (`tile.clean_range`), as in notebook 05; only the tiles the band's edges cross are masked.
+The log-sum-exp L (base 2, +inf for a query with no key) is stored as (heads, total_q). Scores,
+soft-capping, the band and the softmax update are `flashlab.kernels.tile`'s, as every kernel's.
 """
 
 from __future__ import annotations
@@ -26,49 +27,38 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import clean_range, dot  # the band's unmasked tiles; the TF32-rounding dot
+from .tile import clean_range, dot, dot_acc, finish_rows, masked_scores, online_softmax_step, scores, soft_cap_grad
 
 
 @triton.jit
-def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale,
-                 INPUT_PRECISION: tl.constexpr):
-    """S = Q Kᵀ·scale·log2 e for one tile, −inf outside the sequence and outside the band."""
-    s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
-    rel = cols[None, :] - (offs_m[:, None] + shift)                # j − (i + shift)
-    valid = (offs_m < q_len)[:, None] & (cols < k_len)[None, :] & (rel >= -left) & (rel <= right)
-    return tl.where(valid, s, -float("inf"))
+def _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale, softcap,
+                 CHECKED: tl.constexpr, SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """A tile's scores (base 2, soft-capped) and the capped scores before masking: with CHECKED,
+    −inf outside the sequence and outside the band −left ≤ j − (i + shift) ≤ right."""
+    if CHECKED:
+        return masked_scores(q, k, q, offs_m, cols, q_len, k_len, qk_scale, softcap, shift - left, shift + right,
+                             False, True, False, False, SOFTCAP, INPUT_PRECISION)     # (q: no mask tensor)
+    s = scores(q, k, qk_scale, softcap, SOFTCAP, INPUT_PRECISION)
+    return s, s
 
 
 @triton.jit
-def online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION: tl.constexpr):
-    """Folds one key tile's scores ``s`` (base 2, masked entries −inf) and values ``v`` into the
-    online-softmax state (acc, l, m) of notebook 03; shared by the varlen and decode kernels."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)    # no key yet: avoid −inf − −inf
-    p = tl.math.exp2(s - m_safe[:, None])                    # P̃ = 2^(S − m')
-    alpha = tl.math.exp2(m_i - m_safe)                       # 2^(m − m')
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, INPUT_PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, hi, q_len, k_len, shift, left, right,
-                   qk_scale, skt, svt, CHECKED: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, hi, q_len, k_len,
+                   shift, left, right, qk_scale, softcap, skt, svt,
+                   CHECKED: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Folds key tiles lo, lo + BLOCK_N, … < hi into the online-softmax state (acc, l, m);
     CHECKED=False: tiles known to lie wholly inside the band and the sequence (no mask)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if CHECKED:
             kv_ok = (cols < k_len)[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs + start_n * skt, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs + start_n * svt, mask=kv_ok, other=0.0)
-            s = _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale, INPUT_PRECISION)
         else:
-            k = tl.load(k_ptrs + start_n * skt, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * svt, mask=d_ok[None, :], other=0.0)
-            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, INPUT_PRECISION)
+            kv_ok = d_ok[None, :]
+        k = tl.load(k_ptrs + start_n * skt, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs + start_n * svt, mask=kv_ok, other=0.0)
+        s, _ = _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale, softcap,
+                            CHECKED, SOFTCAP, INPUT_PRECISION)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, CHECKED, INPUT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -76,8 +66,10 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, h
 def varlen_forward_kernel(
     Q, K, V, CU_Q, CU_K, O, L,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sot, soh, sod, slh,
-    H, GROUP, head_dim, num_m, qk_scale, left, right,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    H, GROUP, head_dim, num_m,
+    qk_scale, softcap, left, right,
+    SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     start_m = tl.program_id(0) % num_m          # 1-D grid: query blocks fastest, then sequence·head
     bh = tl.program_id(0) // num_m
@@ -108,25 +100,27 @@ def varlen_forward_kernel(
     k_ptrs = K + (k_start + offs_n)[:, None] * skt + kv_h * skh + offs_d[None, :] * skd
     v_ptrs = V + (k_start + offs_n)[:, None] * svt + kv_h * svh + offs_d[None, :] * svd
     a, b_end = clean_range(lo, hi, start_m * BLOCK_M, last_m, shift, left, right, k_len, BLOCK_N)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, a, q_len, k_len,
-                                   shift, left, right, qk_scale, skt, svt, True, BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, a, b_end, q_len, k_len,
-                                   shift, left, right, qk_scale, skt, svt, False, BLOCK_N, INPUT_PRECISION)
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, b_end, hi, q_len, k_len,
-                                   shift, left, right, qk_scale, skt, svt, True, BLOCK_N, INPUT_PRECISION)
+    for part in tl.static_range(3):             # the band's near edge, its inside, its far edge
+        if part == 0:
+            first, last = lo, a
+        elif part == 1:
+            first, last = a, b_end
+        else:
+            first, last = b_end, hi
+        acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, first, last,
+                                       q_len, k_len, shift, left, right, qk_scale, softcap, skt, svt,
+                                       part != 1, SOFTCAP, BLOCK_N, INPUT_PRECISION)
 
-    has_key = l_i > 0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    o, lse, _ = finish_rows(acc, l_i, m_i, 0.0, False, float("inf"))
     tl.store(O + (q_start + offs_m)[:, None] * sot + h * soh + offs_d[None, :] * sod,
              o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    lse = tl.where(has_key, m_i + tl.math.log2(tl.where(has_key, l_i, 1.0)), float("inf"))
     tl.store(L + h * slh + q_start + offs_m, lse, mask=row_ok)
 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, d_ok, lo, hi, q_len, k_len,
-                shift, left, right, qk_scale, sqt, sdt, CHECKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr):
+                shift, left, right, qk_scale, softcap, sqt, sdt,
+                CHECKED: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dK_j, dV_j over query blocks lo, lo + BLOCK_M, … < hi of one q head; CHECKED=False:
     whole query blocks inside the sequence, every (query, key) pair inside the band (no mask)."""
     for start_m in range(lo, hi, BLOCK_M):
@@ -138,41 +132,45 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs
             do = tl.load(do_ptrs + start_m * sdt, mask=q_ok, other=0.0)
             lse = tl.load(l_ptrs + start_m, mask=row_ok, other=float("inf"))
             delta = tl.load(delta_ptrs + start_m, mask=row_ok, other=0.0)
-            s = _band_scores(q, k, offs_m, offs_n, q_len, k_len, shift, left, right, qk_scale, INPUT_PRECISION)
         else:
             q = tl.load(q_ptrs + start_m * sqt, mask=d_ok[None, :], other=0.0)
             do = tl.load(do_ptrs + start_m * sdt, mask=d_ok[None, :], other=0.0)
             lse = tl.load(l_ptrs + start_m)
             delta = tl.load(delta_ptrs + start_m)
-            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
+        s, capped = _band_scores(q, k, offs_m, offs_n, q_len, k_len, shift, left, right, qk_scale, softcap,
+                                 CHECKED, SOFTCAP, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])                                         # P = 2^(S − L)
-        dv += dot(tl.trans(p.to(do.dtype)), do, INPUT_PRECISION)                   # dV += Pᵀ dO
+        dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)            # dV += Pᵀ dO
         dp = dot(do, tl.trans(v), INPUT_PRECISION)                                 # dP = dO Vᵀ
         ds = p * (dp - delta[:, None])                                             # dS = P ∘ (dP − D)
-        dk += dot(tl.trans(ds.to(q.dtype)), q, INPUT_PRECISION)                    # dK += dSᵀ Q
+        if SOFTCAP:
+            ds = ds * soft_cap_grad(capped, softcap)                               # through the cap
+        dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)             # dK += dSᵀ Q
     return dk, dv
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, hi, q_len, k_len, shift, left, right,
-              qk_scale, skt, svt, CHECKED: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+              qk_scale, softcap, skt, svt,
+              CHECKED: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """Accumulates dQ_i over key tiles lo, lo + BLOCK_N, … < hi; CHECKED as in `_forward_tiles`.
     (Query rows past the sequence need no mask: their L is +inf, so P = 2^(S − L) = 0.)"""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if CHECKED:
             kv_ok = (cols < k_len)[:, None] & d_ok[None, :]
-            k = tl.load(k_ptrs + start_n * skt, mask=kv_ok, other=0.0)
-            v = tl.load(v_ptrs + start_n * svt, mask=kv_ok, other=0.0)
-            s = _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale, INPUT_PRECISION)
         else:
-            k = tl.load(k_ptrs + start_n * skt, mask=d_ok[None, :], other=0.0)
-            v = tl.load(v_ptrs + start_n * svt, mask=d_ok[None, :], other=0.0)
-            s = dot(q, tl.trans(k), INPUT_PRECISION) * qk_scale
+            kv_ok = d_ok[None, :]
+        k = tl.load(k_ptrs + start_n * skt, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs + start_n * svt, mask=kv_ok, other=0.0)
+        s, capped = _band_scores(q, k, offs_m, cols, q_len, k_len, shift, left, right, qk_scale, softcap,
+                                 CHECKED, SOFTCAP, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = dot(do, tl.trans(v), INPUT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += dot(ds.to(k.dtype), k, INPUT_PRECISION)             # dQ += dS K
+        if SOFTCAP:
+            ds = ds * soft_cap_grad(capped, softcap)
+        dq = dot_acc(ds.to(k.dtype), k, dq, INPUT_PRECISION)         # dQ += dS K
     return dq
 
 
@@ -181,8 +179,10 @@ def varlen_backward_dkdv_kernel(
     Q, K, V, DO, L, DELTA, CU_Q, CU_K, DK, DV,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, slh,
     sdkt, sdkh, sdkd, sdvt, sdvh, sdvd,
-    H_KV, GROUP, head_dim, num_n, qk_scale, sm_scale, left, right,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    H_KV, GROUP, head_dim, num_n,
+    qk_scale, sm_scale, softcap, left, right,
+    SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     start_n = (tl.program_id(0) % num_n) * BLOCK_N    # 1-D grid: key blocks fastest
     bh = tl.program_id(0) // num_n
@@ -215,12 +215,16 @@ def varlen_backward_dkdv_kernel(
         do_ptrs = DO + (q_start + offs_mb)[:, None] * sdt + h * sdh + offs_d[None, :] * sdd
         l_ptrs = L + h * slh + q_start + offs_mb
         delta_ptrs = DELTA + h * slh + q_start + offs_mb
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, d_ok, lo, a,
-                             q_len, k_len, shift, left, right, qk_scale, sqt, sdt, True, BLOCK_M, INPUT_PRECISION)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, d_ok, a, b_end,
-                             q_len, k_len, shift, left, right, qk_scale, sqt, sdt, False, BLOCK_M, INPUT_PRECISION)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, d_ok, b_end, hi,
-                             q_len, k_len, shift, left, right, qk_scale, sqt, sdt, True, BLOCK_M, INPUT_PRECISION)
+        for part in tl.static_range(3):                         # the band's edges checked, its inside not
+            if part == 0:
+                first, last = lo, a
+            elif part == 1:
+                first, last = a, b_end
+            else:
+                first, last = b_end, hi
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs_n, d_ok, first, last,
+                                 q_len, k_len, shift, left, right, qk_scale, softcap, sqt, sdt,
+                                 part != 1, SOFTCAP, BLOCK_M, INPUT_PRECISION)
     tl.store(DK + (k_start + offs_n)[:, None] * sdkt + kv_h * sdkh + offs_d[None, :] * sdkd,
              (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + (k_start + offs_n)[:, None] * sdvt + kv_h * sdvh + offs_d[None, :] * sdvd,
@@ -231,8 +235,10 @@ def varlen_backward_dkdv_kernel(
 def varlen_backward_dq_kernel(
     Q, K, V, DO, L, DELTA, CU_Q, CU_K, DQ,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, slh, sdqt, sdqh, sdqd,
-    H, GROUP, head_dim, num_m, qk_scale, sm_scale, left, right,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    H, GROUP, head_dim, num_m,
+    qk_scale, sm_scale, softcap, left, right,
+    SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     start_m = tl.program_id(0) % num_m
     bh = tl.program_id(0) // num_m
@@ -264,11 +270,14 @@ def varlen_backward_dq_kernel(
     k_ptrs = K + (k_start + offs_n)[:, None] * skt + kv_h * skh + offs_d[None, :] * skd
     v_ptrs = V + (k_start + offs_n)[:, None] * svt + kv_h * svh + offs_d[None, :] * svd
     a, b_end = clean_range(lo, hi, start_m * BLOCK_M, last_m, shift, left, right, k_len, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, a, q_len, k_len, shift, left,
-                   right, qk_scale, skt, svt, True, BLOCK_N, INPUT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, a, b_end, q_len, k_len, shift, left,
-                   right, qk_scale, skt, svt, False, BLOCK_N, INPUT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, b_end, hi, q_len, k_len, shift, left,
-                   right, qk_scale, skt, svt, True, BLOCK_N, INPUT_PRECISION)
+    for part in tl.static_range(3):
+        if part == 0:
+            first, last = lo, a
+        elif part == 1:
+            first, last = a, b_end
+        else:
+            first, last = b_end, hi
+        dq = _dq_tiles(dq, q, do, lse, delta, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, first, last, q_len, k_len,
+                       shift, left, right, qk_scale, softcap, skt, svt, part != 1, SOFTCAP, BLOCK_N, INPUT_PRECISION)
     tl.store(DQ + rows * sdqt + h * sdqh + offs_d[None, :] * sdqd, (dq * sm_scale).to(DQ.dtype.element_ty),
              mask=q_ok)

@@ -8,8 +8,8 @@ A configuration is (BLOCK_M, BLOCK_N, num_warps, num_stages):
                         software pipeline prefetches stage s+1 while stage s computes.
 Bigger tiles reuse each loaded byte more (fewer trips to HBM per FLOP) but need more
 registers and shared memory; the best point depends on the GPU, D, causal and N, so it
-is measured, not guessed. What the tuner picks for which shapes on an H200 is recorded in
-``results/h200/attention.json`` under "autotune".
+is measured, not guessed. What the tuner picks for which shapes is kept in the attention
+suite's record (its "autotune" entries).
 
     forward   one program per query block (BLOCK_M queries), streaming key blocks of BLOCK_N
     dkdv      one program per key block (BLOCK_N keys), streaming query blocks of BLOCK_M
@@ -59,8 +59,8 @@ class Config:
     num_warps: int
     num_stages: int
     # dK/dV only: whether unmasked tiles take the unchecked fast path. Compiling both paths
-    # into one kernel costs registers, and at D = 128 the kernel already spills
-    # (results/h200/kernel_resources.json), so the tuner tries it both ways.
+    # into one kernel costs registers, and at D = 128 the kernel already spills (the
+    # kernel-resources suite's record), so the tuner tries it both ways.
     fast_path: bool = True
 
     def kwargs(self) -> dict:
@@ -76,17 +76,16 @@ class Config:
 KERNELS = ("forward", "dkdv", "dq")
 INTERPRETER = Config(32, 32, 4, 1)   # the interpreter's cost grows with programs × tile work: small tiles
 # Exact fp32 products (input_precision "ieee") run tl.dot on the CUDA cores as unrolled FMAs: the
-# larger the tile, the longer the compilation and the more registers spill. Compiled ahead of time
-# for sm_90 on a CPU (Triton 3.9, D = 128): forward 128x64 w8 took 38 s with 8 KB of spill stack
-# per thread; 32x32 w8 took 4 s and spilled 48 B; dK/dV 32x32 w8 16 s and none (D = 256: 26 s and
-# 1.2 KB, against 89 s and 11 KB with 4 warps). So exact fp32 takes this one configuration, untuned.
+# larger the tile, the longer the compilation and the more registers spill (tens of seconds and
+# kilobytes of spill stack a thread for a 128x64 forward at D = 128, a few seconds and almost
+# none for 32x32). So exact fp32 takes this one small configuration, untuned.
 EXACT_FP32 = Config(32, 32, 8, 1)
 
-# Hopper (H100/H200, sm_90): 228 KB shared memory per SM, so 3-4 pipeline stages of
-# 128-wide tiles fit. Each list starts with the configuration measured best on an H200 before
-# autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when
-# pipelined: BLOCK_M < BLOCK_N with 2 stages gave dK errors of 1-9% on an H200 with Triton
-# 3.6 (python -m measurements.probe_dk). tests/api/test_attention.py checks every candidate on a GPU.
+# Hopper (sm_90): 228 KB shared memory per SM, so 3-4 pipeline stages of 128-wide tiles fit.
+# Each list starts with the configuration that timed best before autotuning existed (the default
+# when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when pipelined: BLOCK_M < BLOCK_N with
+# 2 stages gave wrong dK (errors of 1-9%) with Triton 3.6. tests/api/test_attention.py checks
+# every candidate on a GPU.
 #
 # D ≤ 32 (routing models: width 128 over 8 heads is D = 16): a tile row is 32-64 bytes, so
 # the 128 × 128 tiles that cost too many registers at D = 128 fit easily, and with little work
@@ -105,17 +104,17 @@ _HOPPER = {
                   Config(32, 32, 4, 2)],
              128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
                    Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1),
-                   # no register spills at D = 128 when compiled for sm_90 (python -m measurements.kernel_resources_aot;
-                   # 64x64 w4 spills 376-648 bytes a thread); not yet timed on a GPU
+                   # no register spills at D = 128 when compiled for sm_90 (the kernel-resources suite;
+                   # 64x64 w4 spills)
                    Config(32, 32, 4, 2), Config(128, 32, 8, 2), Config(64, 32, 4, 3, fast_path=False)],
              256: [Config(32, 32, 4, 1), Config(64, 64, 4, 1), Config(32, 32, 4, 2)]},
     "dq": {32: [Config(64, 64, 4, 2), Config(128, 64, 4, 2), Config(128, 128, 8, 2), Config(64, 64, 4, 3)],
            128: [Config(64, 64, 4, 2), Config(128, 64, 8, 2), Config(64, 64, 4, 3), Config(128, 128, 8, 2)],
            256: [Config(32, 32, 4, 1), Config(64, 32, 4, 1), Config(64, 64, 4, 1)]},
 }
-# Ampere and Ada (sm_80-89: A100 164 KB, RTX 30/40 99 KB of shared memory per SM): the
-# FlashAttention-2 paper's shapes with fewer stages. Not measured here (no such GPU):
-# sane defaults that the tuner narrows down on the reader's card.
+# Ampere and Ada (sm_80-89: 99-164 KB of shared memory per SM): the FlashAttention-2 paper's
+# shapes with fewer stages; never timed by this project (no such GPU): defaults that the tuner
+# narrows down on the reader's card.
 _AMPERE = {
     "forward": {32: [Config(128, 64, 4, 2), Config(128, 128, 8, 2), Config(64, 64, 4, 2)],
                 64: [Config(128, 64, 4, 2), Config(64, 64, 4, 2), Config(128, 32, 4, 2)],
@@ -133,7 +132,7 @@ _AMPERE = {
 def generation(capability: tuple[int, int] | None) -> str:
     """'interpreter' (no GPU), 'hopper' or 'ampere' (the rest: Ampere, Ada, consumer Blackwell).
     Data-centre Blackwell (sm_100) gets the Hopper list: the same 228 KB of shared memory per SM
-    (unmeasured: the course's GPU is an H200)."""
+    (never timed by this project)."""
     if capability is None:
         return "interpreter"
     return "hopper" if capability[0] in (9, 10) else "ampere"
@@ -199,9 +198,9 @@ def shared_memory_bytes(kernel: str, config: Config, head_dim: int, element_size
         dq       Q and dO once, K and V per stage:       e·d·(2·BLOCK_M + 2·S·BLOCK_N)
         dkdv     K and V once, S + 1 tiles of Q/dO, the Pᵀ/dSᵀ operand, and 1 KiB for the
                  pipelined L and Δ rows when S > 1:      e·(d·(2·BLOCK_N + (S+1)·BLOCK_M) + BLOCK_M·BLOCK_N)
-    Fitted to the compiled kernels' own figures: all 48 forward/dkdv/dq rows of
-    results/h200/kernel_resources.json (bf16, D = 64 and 128, Triton 3.6) exactly, and the
-    fp32 failure "Required: 262144" (forward 128x64 s3 at D = 128). Float masks' tiles are not
+    Fitted to the compiled kernels' own figures (the kernel-resources suite's record, bf16,
+    D = 64 and 128, Triton 3.6) exactly, and the fp32 failure "Required: 262144" (forward 128x64
+    s3 at D = 128). Float masks' tiles are not
     counted (the tuner skips a candidate that still fails to compile)."""
     e, m, n, s, d = element_size, config.block_m, config.block_n, config.num_stages, _padded_head_dim(head_dim)
     if kernel == "forward":
@@ -340,14 +339,14 @@ class Autotuner:
     candidate's outputs must agree with the reference (the first candidate's) within
     ``tolerance`` (normwise relative error, by output dtype) or it is rejected, so a
     configuration the compiler gets wrong is never chosen. Two correct bf16 configurations
-    differ by at most the sum of their errors (each ≤ 2.4e-3 vs float64 on an H200); the
-    wrong dK tiles above were 1-9% off."""
+    differ by at most the sum of their errors (each a few 1e-3 from float64); the wrong dK tiles
+    above were 1-9% off."""
 
     TOLERANCE = {"torch.bfloat16": 6e-3, "torch.float16": 3e-3, "torch.float32": 3e-3}   # fp32: TF32 products
 
     # A candidate must beat the default by this factor to replace it: candidates often differ
-    # by 1-3%, about the run-to-run noise of a timing on a busy GPU (measured on an H200: a
-    # choice made on a 1% lead was 12% slower than the default in the benchmark that followed).
+    # by 1-3%, about the run-to-run noise of a timing on a busy GPU (a choice made on a 1% lead
+    # has been seen slower than the default in the benchmark that followed).
     MARGIN = 0.97
 
     def __init__(self, bench=None, cache_path: str | None = None, shipped: bool | None = None):

@@ -5,15 +5,13 @@ its knobs, bind the arguments to the signature, work out each argument's special
 dtype and 16-byte alignment of every pointer, whether each int is 1 or a multiple of 16), hash
 that into a key, look the compiled kernel up, check the kernel's globals, build the launch
 metadata, and only then call the C launcher. At routing-model sizes that Python is longer than
-the kernel: on an H200 a small-path forward at N = 20 runs for 16 µs (replayed from a CUDA
-graph), and launching it took 34 µs through Triton's launch, 16 µs directly
-(results/h200/small_host_time_thin_2026-12-04.json).
+the kernel (the small-path suite's host-time record has both).
 
 `launch(kernel, plan, grid, args, n_pointers, constants)` keeps, per call signature, the
 ``CompiledKernel`` that Triton's own launch returned the first time, and afterwards calls its C
 launcher directly. ``plan`` is the caller's object for one signature, everything Triton
 specialises on except the pointers: the small path keeps one per shapes, strides, dtype and
-flags already (`flash_small._plan`), which fix every int argument; it is looked up by identity
+flags already (`flashlab.launch.small._plan`), which fix every int argument; it is looked up by identity
 (hashing the signature again would cost what this saves) and kept alive by the entry, so its
 id cannot be reused while the entry exists. The pointers' dtypes and 16-byte alignment, and
 the current CUDA device (a loaded kernel belongs to one device's context), are added here, so a
@@ -22,7 +20,7 @@ tensor Triton would compile differently never reuses a kernel compiled for anoth
 Triton's launch is taken instead for the first call of a signature, under ``TRITON_INTERPRET=1``
 (the interpreter returns no compiled kernel), while a profiler's launch hooks are installed, for a
 signature whose constexprs it cannot put in order, and with ``FLASHLAB_DIRECT_LAUNCH=0``: the
-same kernel runs either way. CPU tensors never come here (`flash_small` launches their
+same kernel runs either way. CPU tensors never come here (`flashlab.launch.small` launches their
 interpreted twins, `flashlab.launch.runtime`).
 """
 

@@ -1,13 +1,13 @@
-"""Launching the Hopper kernels (`flash_hopper.py`): when to use them, the ladder of variants
-the measurement compares, and the launches.
+"""Launching the Hopper kernels (`flashlab.kernels.hopper`): when to use them, the ladder of
+variants the hopper-ladder suite compares, and the launches.
 
-`flash_launch.flash_forward` / `flash_backward` call `use_hopper` first; it says yes only on a
-CUDA GPU of compute capability 9.x with a Triton that has been checked to compile these kernels
-(≥ 3.6), for the case they handle: fp16/bf16, D ∈ {64, 128}, no attn_mask, no dropout, as many
+`flashlab.launch.dispatch` calls `use_hopper` first; it says yes only on a CUDA GPU of compute
+capability 9.x with a Triton that has been checked to compile these kernels (≥ 3.6), for the
+case they handle: fp16/bf16, D ∈ {64, 128}, no attn_mask, dropout, window or soft-cap, as many
 k/v heads as q heads, a positive scale, and tensors a tensor descriptor can address (16-byte
 aligned base and strides). Everything else, the CPU interpreter and Ampere included, runs the
-course's kernels (`flash_triton.py`). ``FLASHLAB_HOPPER=0`` forces the course's kernels,
-``FLASHLAB_HOPPER=1`` the Hopper ones where they apply; unset, `ON_BY_DEFAULT` decides.
+dense kernels. ``FLASHLAB_HOPPER=0`` forces the dense kernels, ``FLASHLAB_HOPPER=1`` the Hopper
+ones where they apply; unset, `ON_BY_DEFAULT` decides.
 
 The log-sum-exp the Hopper forward saves is the course kernel's (base 2, (B, H, Nq) float32),
 so either backward can follow either forward.
@@ -19,12 +19,13 @@ import functools
 
 import torch
 
-from flashlab.kernels.dense import LOG2E, flash_backward_preprocess_kernel
+from flashlab.kernels.dense import flash_backward_preprocess_kernel
 from flashlab.kernels.hopper import LADDER, Step, Tiles, hopper_dkdv_kernel, hopper_dq_kernel, hopper_forward_kernel
 
 from . import switches
 from .layouts import output_like
 from .runtime import kernel_for
+from .spec import AttentionSpec
 
 HOPPER_DTYPES = (torch.float16, torch.bfloat16)
 HOPPER_HEAD_DIMS = (64, 128)
@@ -45,11 +46,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-# Whether flashlab.attention takes the Hopper kernels when FLASHLAB_HOPPER is unset. On: the
-# ladder (measurements/hopper_ladder.py → results/h200/hopper_ladder.json, an H200, 2026-12-03)
-# measured the final step's dispatched kernels at 382 TFLOP/s forward+backward against the course
-# kernel's 313 (geometric mean over N = 2k/16k, D = 64/128, causal and full, bf16: 1.22×), and
-# 120 of 120 correctness rows (every step and candidate, bf16 and fp16) within tolerance of float64.
+# Whether flashlab.attention takes the Hopper kernels when FLASHLAB_HOPPER is unset: on, because the
+# hopper-ladder suite's record shows the final step faster than the dense kernels forward and
+# backward and every step within tolerance of float64.
 ON_BY_DEFAULT = True
 
 
@@ -67,7 +66,7 @@ def _addressable(t: torch.Tensor) -> bool:
             and all(s > 0 and s * size % 16 == 0 for s in t.stride()[:-1]))
 
 
-def why_not_hopper(q, k, v, attn_mask, dropout_p, scale) -> str | None:
+def why_not_hopper(q, k, v, attn_mask, spec: AttentionSpec) -> str | None:
     """None if the Hopper kernels take this call, else the reason they do not (for tests and logs)."""
     if not enabled():
         return "FLASHLAB_HOPPER=0 (or unset while the Hopper path is off by default)"
@@ -86,17 +85,17 @@ def why_not_hopper(q, k, v, attn_mask, dropout_p, scale) -> str | None:
         return f"head dimension {q.shape[-1]}: the Hopper kernels take D ∈ {HOPPER_HEAD_DIMS}, same for q, k, v"
     if k.shape[1] != q.shape[1]:
         return "GQA: the Hopper kernels take as many k/v heads as q heads"
-    if attn_mask is not None or dropout_p > 0:
-        return "attn_mask or dropout: not in the Hopper kernels"
+    if attn_mask is not None or spec.dropout_p > 0 or spec.window is not None or spec.softcap > 0:
+        return "attn_mask, dropout, a window or a soft-cap: not in the Hopper kernels"
     if not all(_addressable(t) for t in (q, k, v)):
         return "a stride or base address that is not a multiple of 16 bytes (tensor descriptors need it)"
-    if not scale > 0:
-        return f"scale {scale}: the Hopper forward scales the row maximum, which needs scale > 0"
+    if not spec.scale > 0:
+        return f"scale {spec.scale}: the Hopper forward scales the row maximum, which needs scale > 0"
     return None
 
 
-def use_hopper(q, k, v, attn_mask, dropout_p, scale) -> bool:
-    return why_not_hopper(q, k, v, attn_mask, dropout_p, scale) is None
+def use_hopper(q, k, v, attn_mask, spec: AttentionSpec) -> bool:
+    return why_not_hopper(q, k, v, attn_mask, spec) is None
 
 
 def _descriptor(t: torch.Tensor, block_rows: int, on: bool):
@@ -120,7 +119,7 @@ def tiles_for(step: Step, kernel: str, head_dim: int) -> Tiles:
     return step.tiles[kernel][head_dim][0]
 
 
-def hopper_forward(q, k, v, is_causal, scale, step: Step = FINAL, tiles: Tiles | None = None):
+def forward(q, k, v, spec: AttentionSpec, step: Step = FINAL, tiles: Tiles | None = None):
     """O and the base-2 log-sum-exp L of (B, H, N, D) q, k, v with ``step``'s kernel."""
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
@@ -131,13 +130,13 @@ def hopper_forward(q, k, v, is_causal, scale, step: Step = FINAL, tiles: Tiles |
     kernel_for(hopper_forward_kernel, q.device)[(_cdiv(n_q, t.block_m) * B * H,)](
         q, k, v, out, lse, _descriptor(q, t.block_m, tma), _descriptor(k, t.block_n, tma),
         _descriptor(v, t.block_n, tma), _descriptor(out, t.block_m, tma),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, n_q, n_k, scale * LOG2E,
-        IS_CAUSAL=is_causal, HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out), H, n_q, n_k, spec.kernel_args(n_q, n_k)[0][0],
+        IS_CAUSAL=spec.is_causal, HEAD_DIM=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
         num_stages=t.num_stages, **step.flags())
     return out, lse
 
 
-def hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale, step: Step = FINAL,
+def backward(q, k, v, out, lse, grad_out, spec: AttentionSpec, step: Step = FINAL,
                     dkdv_tiles: Tiles | None = None, dq_tiles: Tiles | None = None):
     """(dq, dk, dv) with ``step``'s kernels: D = rowsum(dO ∘ O) by the course's preprocess
     kernel, then the dK/dV pass and the dQ pass."""
@@ -151,7 +150,8 @@ def hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale, step: Step = 
         out, grad_out, delta, *_strides(out), *_strides(grad_out), H, n_q, D, BLOCK_M=rows, BLOCK_D=D)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tma = step.use_tma
-    common = dict(IS_CAUSAL=is_causal, HEAD_DIM=D, **step.flags())
+    common = dict(IS_CAUSAL=spec.is_causal, HEAD_DIM=D, **step.flags())
+    qk_scale = spec.kernel_args(n_q, n_k)[0][0]
 
     t = dkdv_tiles or tiles_for(step, "dkdv", D)
     kernel_for(hopper_dkdv_kernel, q.device)[(_cdiv(n_k, t.block_n) * B * H,)](
@@ -159,7 +159,7 @@ def hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale, step: Step = 
         _descriptor(q, t.block_m, tma), _descriptor(k, t.block_n, tma), _descriptor(v, t.block_n, tma),
         _descriptor(grad_out, t.block_m, tma), _descriptor(dk, t.block_n, tma), _descriptor(dv, t.block_n, tma),
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv),
-        H, n_q, n_k, scale * LOG2E, scale, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
+        H, n_q, n_k, qk_scale, spec.scale, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
         num_stages=t.num_stages, **common)
 
     t = dq_tiles or tiles_for(step, "dq", D)
@@ -168,6 +168,6 @@ def hopper_backward(q, k, v, out, lse, grad_out, is_causal, scale, step: Step = 
         _descriptor(q, t.block_m, tma), _descriptor(k, t.block_n, tma), _descriptor(v, t.block_n, tma),
         _descriptor(grad_out, t.block_m, tma), _descriptor(dq, t.block_m, tma),
         *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dq),
-        H, n_q, n_k, scale * LOG2E, scale, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
+        H, n_q, n_k, qk_scale, spec.scale, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps,
         num_stages=t.num_stages, **common)
     return dq, dk, dv

@@ -142,8 +142,8 @@ def _repair_scalar_index() -> None:
     """Triton ≤ 3.6's interpreter turns a scalar into a Python int with ``int(array)`` on a
     one-element 1-D array (to run ``range(lo, hi, BLOCK)`` with runtime bounds, as every flashlab
     kernel does). NumPy 2.5 refuses that ("only 0-dimensional arrays can be converted to Python
-    scalars"), so with those versions every interpreted call failed (found on the course's H200
-    machine: Triton 3.6, NumPy 2.5.2). Triton 3.7+ squeezes the array first; on older versions
+    scalars"), so with those versions every interpreted call failed (Triton 3.6 with NumPy 2.5).
+    Triton 3.7+ squeezes the array first; on older versions
     the interpreter's patch step is wrapped to do the same. The wrapper only changes how that one
     conversion is done, for every interpreter user in the process, and only where it would fail."""
     from triton.runtime import interpreter
@@ -234,12 +234,12 @@ def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool =
     allows TF32 for float32 matmuls (``torch.backends.cuda.matmul.allow_tf32 = True``, which
     ``torch.set_float32_matmul_precision("high")`` also sets), as SDPA does. ``exact_fp32=True``
     forces exact products even then. fp16/bf16 inputs are exact products with fp32 sums anyway.
-    In TF32 the kernels round each fp32 operand to nearest first (`flash_triton.dot`), as cuBLAS
+    In TF32 the kernels round each fp32 operand to nearest first (`flashlab.kernels.tile.dot`), as cuBLAS
     does; the tensor cores alone truncate.
 
-    Exact fp32 costs: without tensor cores an fp32 forward at (B, H, N, D) = (4, 8, 2048, 64)
-    took 26 ms exact against 0.28 ms in TF32 on an H200, and each exact kernel ~100 s to compile
-    (results/h200/dropin/); set ``torch.backends.cuda.matmul.allow_tf32 = True`` to train in fp32."""
+    Exact fp32 costs: without tensor cores an exact fp32 forward runs about a hundred times slower
+    than in TF32, and each exact kernel takes minutes to compile; set
+    ``torch.backends.cuda.matmul.allow_tf32 = True`` to train in fp32."""
     if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
         return "ieee"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"

@@ -1,52 +1,35 @@
-"""Attention for short sequences: every key of a head fits in one tile.
+"""Launching the small path: attention for short sequences, every key of a head in one tile.
 
 Routing models (a TSP encoder over 20-100 cities) call attention with a huge batch and tiny
-N: B = 512 instances × 8 heads, N = 20-100, D = 16. There the general kernels of
-`flashlab.kernels.dense` spend more time being launched than computing: the backward is three
-launches (D = rowsum(dO ∘ O), the dK/dV pass, the dQ pass), each over tiles mostly empty.
-When all Nk keys fit in one BLOCK_N tile, a program that holds them sees every (query, key)
-pair of its head, and the backward needs no second pass:
+N: B = 512 instances × 8 heads, N = 20-100, D = 16. There the dense kernels spend more time
+being launched than computing: the backward is three launches (D = rowsum(dO ∘ O), the dK/dV
+pass, the dQ pass), each over tiles mostly empty. When all Nk keys fit in one tile, one forward
+launch and one backward launch do the whole call (`flashlab.kernels.small` derives them).
 
-Forward, one program per (block of BLOCK_M queries, HEADS heads): for each head
-    S = Q Kᵀ · scale·log2(e)          (one tile: every key at once, no online rescaling)
-    m = rowmax S;  P̃ = 2^(S − m);  l = rowsum P̃;  O = P̃ V / l;  L = m + log2 l
+The path is taken when Nq and Nk are both ≤ `max_keys(D, dtype)` (`applies`): the backward
+program keeps K, V (input dtype) and the fp32 dK, dV accumulators, Nk × D each, on chip, so the
+limit is a budget of Nk × padded D: 8192 elements for 2-byte inputs (Nk ≤ 128 at D ≤ 64, 64 at
+D = 128), half that for fp32 (128 at D ≤ 32, 64 at D = 64, 32 at D = 128); D > 128 never. At the
+budget's edge, dK + dV take 2·8192 fp32 values = 64 registers a thread at 8 warps, beside the
+BLOCK_M × BLOCK_N score tiles. Nq is held to the same limit: one program walks all of a head's
+queries, so a long Nq would leave the GPU idle where the dense kernels spread query blocks over
+programs. ``FLASHLAB_SMALL_PATH=0`` turns the path off.
 
-Backward, one program per (HEADS k/v heads; with GQA each brings its GROUP q heads): K, V,
-dK, dV stay on chip while the program's query blocks stream past:
-    D_i = rowsum(dO_i ∘ O_i)                       (in the kernel: no preprocess launch)
-    P = 2^(S − L),  dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D)
-    dK += dSᵀ Q,  dQ_i = dS K · scale              (complete: this program saw every key)
-One launch, every output tile written by exactly one program: no atomics, deterministic.
-
-O and L are the general forward's (same layout, L in base 2), so either backward can follow
-either forward. Masks and dropout use the general kernels' helpers (`_tile_scores`,
-`dropout_keep`): the same masking and the same Philox mask for the same seed.
-
-The path is taken when Nq and Nk are both ≤ `max_keys(D, dtype)` (`applies`): the program
-keeps K, V (input dtype) and the fp32 dK, dV accumulators, Nk × D each, on chip for the
-whole backward, so the limit is a budget of Nk × padded D: 8192 elements for 2-byte inputs
-(Nk ≤ 128 at D ≤ 64, 64 at D = 128), half that for fp32 (128 at D ≤ 32, 64 at D = 64,
-32 at D = 128); D > 128 never. At the budget's edge, dK + dV take 2·8192 fp32 values = 64
-registers a thread at 8 warps, beside the BLOCK_M × BLOCK_N score tiles. Nq is held to
-the same limit: one program walks all of a head's queries, so a long Nq would leave the GPU
-idle where the general path spreads query blocks over programs.
-FLASHLAB_SMALL_PATH=0 turns the path off (the general kernels run every shape); `general_kernels()`
-does so for a ``with`` block.
+At these sizes a kernel runs for tens of µs, about what Python spends deciding a launch, so
+everything that depends only on the call's signature is worked out once and kept (`_plan`); on
+a GPU the compiled kernel is then launched directly (`flashlab.launch.direct`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from flashlab.kernels.dense import LOG2E, mask_row_shared
 from flashlab.kernels.small import small_backward_kernel, small_forward_kernel
 from flashlab.reference.first_order import first_order_only
 
@@ -55,34 +38,14 @@ from . import switches
 from .autotune import _gpu_name as autotune_gpu_name
 from .autotune import overriding
 from .autotune_cache import gpu_slug
+from .dense import new_lse, split_lse
 from .layouts import output_layout, unpack_qkv
+from .masks import MaskArgs, row_shared
 from .runtime import kernel_for
+from .spec import AttentionSpec
 
 MAX_TILE_ELEMENTS = {2: 8192, 4: 4096}   # keys × padded D held on chip, by bytes per input element
 MAX_KEYS = 128                           # the widest score tile (BLOCK_M × 128) per step
-
-
-def new_lse(batch: int, heads: int, n_q: int, float_mask: bool, device) -> torch.Tensor:
-    """The forward's L, for its kernel to fill: (B, H, Nq) float32; with a float mask (2, B, H, Nq),
-    L, then each row's c = 2^(L − m)/l (`flash_triton._l_fix`), which the backward needs where such
-    a mask put a row's max m beyond what L = m + log2 l can hold beside it (finfo(float32).min).
-    The kernels, forward and backward, take it as `split_lse` gives it."""
-    return torch.empty((2, batch, heads, n_q) if float_mask else (batch, heads, n_q), dtype=torch.float32,
-                       device=device)
-
-
-def split_lse(lse: torch.Tensor, float_mask: bool) -> tuple[torch.Tensor, int]:
-    """(L, l_fix_offset) for the kernels from `new_lse`'s buffer: with a float mask, L and how many
-    entries after it each row's fix c sits (the forward writes c there, the backward multiplies its
-    recomputed P by it); without, L and 0 (never read nor written). A (B, H, Nq) L given to the
-    backward beside a float mask (a caller's own) gets c = 1 beside it: what the kernels did before
-    c, never L's entries read as c."""
-    if lse.dim() == 3:
-        if not float_mask:
-            return lse, 0
-        lse = torch.stack((lse, torch.ones_like(lse)))
-    assert lse.is_contiguous(), "the forward's (2, B, H, Nq) L and c are one contiguous buffer"
-    return lse[0], lse[0].numel()
 
 
 def _pow2(n: int) -> int:
@@ -100,33 +63,10 @@ def max_keys(head_dim: int, dtype: torch.dtype) -> int:
     return min(MAX_KEYS, MAX_TILE_ELEMENTS[dtype.itemsize] // block_d)
 
 
-def enabled(device_type: str = "cpu") -> bool:
-    """FLASHLAB_SMALL_PATH=0: every shape runs the general kernels (the "before" of the GPU
-    measurements); unset or =1: the small path where it applies, on CPU and GPU alike.
-
-    On a GPU it has been on by default since 2026-12-04, once an H200 had shown it correct against
-    float64 (results/h200/small_path_gpu_tests.log, small_graphs_small_path_correctness.json) and
-    faster than the kernels it replaces (small_graphs_table_2026-12-05.json, small_graphs_compiled_steps.json;
-    results/README.md). `device_type` is unused since; callers pass it in case a device needs its
-    own default again."""
+def enabled() -> bool:
+    """Unset or ``FLASHLAB_SMALL_PATH=1``: the small path where it applies, on CPU and GPU alike;
+    ``=0``: every shape runs the dense kernels."""
     return switches.small_path()
-
-
-@contextlib.contextmanager
-def general_kernels():
-    """FLASHLAB_SMALL_PATH=0 inside the ``with`` block, restored after it: every shape runs the
-    tiled kernels of `flashlab.kernels.dense`, none this path (flashlab reads the switch on every
-    call, so the block takes effect at once). Notebooks 05 and 06 check the tiled kernels with it
-    at sizes that would otherwise take this path; the GPU measurements time the "before" with it."""
-    before = os.environ.get("FLASHLAB_SMALL_PATH")
-    os.environ["FLASHLAB_SMALL_PATH"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FLASHLAB_SMALL_PATH"]
-        else:
-            os.environ["FLASHLAB_SMALL_PATH"] = before
 
 
 def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
@@ -135,9 +75,9 @@ def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
     return n_q <= limit and n_k <= limit
 
 
-def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device_type: str = "cpu") -> bool:
+def applies(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
     """Whether a call of this shape takes the small path (`enabled` and `fits`)."""
-    return fits(n_q, n_k, head_dim, dtype) and enabled(device_type)
+    return fits(n_q, n_k, head_dim, dtype) and enabled()
 
 
 # -- configurations --------------------------------------------------------------------------
@@ -179,9 +119,8 @@ class SmallConfig:
 
 # The fastest launch of each kernel measured on a GPU model, by padded head dimension and keys:
 # {"forward | 16 | 128": "64xall h1 w4", ...}, one file per model (named as the autotuner's
-# shipped decisions are), written by `python -m measurements.small_defaults` from recorded
-# `measurements/small_graphs.py --sections choices` runs (test_flash_small checks that each is
-# what its records give). Other GPUs take the rule in `default_config`.
+# shipped decisions are), written from the small-path suite's launch choices (its record says
+# which). Other GPUs take the rule in `default_config`.
 MEASURED_DIR = Path(__file__).with_name("tuned") / "small_path"
 
 
@@ -216,20 +155,16 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
                    element_size: int = 2) -> SmallConfig:
     """The launch of ``kernel`` ("forward" or "backward") for this shape.
 
-    GPU: on a GPU model whose launches were measured (`MEASURED_DIR`: the H200, the H100), the fastest
-    measured launch at this padded head dimension, key count and element size (``element_size``:
-    bytes per input element). Elsewhere, and for shapes and dtypes not measured, this rule: a
-    score tile BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers N ≤ 64
-    whole) and 32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles)
-    beside dK and dV; 4 warps; one head per program: B·H = 4096 programs are 30 waves of an
-    H200's 132 SMs already, so packing heads buys no occupancy. At D = 16 (the routing models')
-    dK and dV are small enough for a 64 × 128 backward tile, and short sequences run best on
-    16-row tiles with 2 warps: an H200's forward+backward replayed from a CUDA graph (B·H = 4096,
-    bf16; `measurements/small_graphs.py --sections choices`, results/h200/small_graphs_choices.json)
-    took 0.167 ms at N = 100 with 64 rows against 0.238 with 32, and 0.032 ms at N = 20 with 16
-    rows and 2 warps against 0.037 with 32 and 4. Other head dimensions keep the 32-row tile
-    (not measured against the alternatives). Interpreter: the whole sequence in one step (fewer,
-    larger numpy operations)."""
+    GPU: on a GPU model whose launches were measured (`MEASURED_DIR`), the fastest measured launch
+    at this padded head dimension, key count and element size (``element_size``: bytes per input
+    element). Elsewhere, and for shapes and dtypes not measured, this rule: a score tile
+    BLOCK_M × BLOCK_N of at most 64 × 128 in the forward (one step covers N ≤ 64 whole) and
+    32 × 128 in the backward, which keeps P, dP and dS (three fp32 tiles) beside dK and dV;
+    4 warps; one head per program (B·H = 4096 programs already fill many waves of a GPU's SMs,
+    so packing heads buys no occupancy). At D = 16 (the routing models') dK and dV are small
+    enough for a 64 × 128 backward tile, and short sequences run best on 16-row tiles with
+    2 warps (the small-path suite's launch choices measure these). Interpreter: the whole
+    sequence in one step (fewer, larger numpy operations)."""
     block_n = _pow2(n_k)
     if device.type != "cuda":
         return SmallConfig(block_m=_pow2(n_q))
@@ -259,7 +194,7 @@ def force(**configs: SmallConfig):
 # Everything a launch needs that depends only on the call's signature (shapes, strides,
 # dtype, flags) is worked out once per signature and kept: at routing-model sizes a
 # kernel runs for tens of µs, about what recomputing strides and grids in Python costs.
-# On a GPU that plan is also what `direct_launch` keeps the compiled kernel under, so the
+# On a GPU that plan is also what `flashlab.launch.direct` keeps the compiled kernel under, so the
 # second call of a signature skips Triton's own per-call Python as well.
 
 _plans: dict = {}
@@ -275,15 +210,12 @@ def _plan(key: tuple, build):
     return plan
 
 
-def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
-                  input_precision):
-    """The small forward: O and the base-2 log-sum-exp L, as `flash_launch.flash_forward`
-    returns them. q, k, v have contiguous rows (head dimension stride 1); the mask is
-    `flash_launch._mask_args`'s."""
-    dropout = dropout_p > 0
-    row_shared = mask_row_shared(mask_strides, has_mask, True, _pow2(k.shape[2]))   # read per call: in the key
-    key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask_strides, has_mask, mask_is_bool,
-           row_shared, dropout, is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("forward"))
+def forward(q, k, v, mask: MaskArgs, spec: AttentionSpec, seed: int = 0):
+    """The small forward: O and the base-2 log-sum-exp L, as `flashlab.launch.dense.forward`
+    returns them, for (B, H, N, D) q, k, v with contiguous rows."""
+    shared = row_shared(mask, True, _pow2(k.shape[2]))   # read per call: in the key
+    key = ("forward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask.strides, mask.present, mask.is_bool,
+           shared, spec, q.dtype, q.is_cuda, _forced.get("forward"))
 
     def build():
         B, H, n_q, head_dim = q.shape
@@ -291,20 +223,20 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
         config = _config("forward", n_q, n_k, q.device, head_dim, q.element_size())
         out_shape, out_strides = output_layout(q)          # a function of q's strides, part of the key
         grid = (-(-n_q // config.block_m) * -(-B * H // config.heads),)
-        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask_strides, *out_strides[:3],
-                H, B * H, n_q, n_k, head_dim, group)
-        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                         MASK_ROW_SHARED=row_shared, DROPOUT=dropout, BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim),
-                         INPUT_PRECISION=input_precision, **config.kwargs())
+        (qk_scale, softcap, _, _), flags = spec.kernel_args(n_q, n_k)
+        ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *mask.strides, *out_strides[:3],
+                H, B * H, n_q, n_k, head_dim, group, qk_scale, softcap)
+        del flags["HAS_WINDOW"]                            # (never a window: `dispatch` keeps them off this path)
+        constants = dict(HAS_MASK=mask.present, MASK_IS_BOOL=mask.is_bool, MASK_ROW_SHARED=shared, **flags,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), **config.kwargs())
         return grid, ints, constants, (B, H, n_q), out_shape, out_strides
 
     plan = _plan(key, build)
     grid, ints, constants, lse_shape, out_shape, out_strides = plan
     out = torch.empty_strided(out_shape, out_strides, dtype=q.dtype, device=q.device)
-    float_mask = has_mask and not mask_is_bool
-    lse = new_lse(*lse_shape, float_mask, q.device)
-    l_rows, l_fix_offset = split_lse(lse, float_mask)                                 # c's place: _l_fix
-    args = (q, k, v, mask, out, l_rows, *ints, scale * LOG2E, seed, dropout_p, l_fix_offset)
+    lse = new_lse(*lse_shape, mask.additive, q.device)
+    l_rows, l_fix_offset = split_lse(lse, mask.additive)                            # c's place: tile.l_fix
+    args = (q, k, v, mask.tensor, out, l_rows, *ints, seed, spec.dropout_p, l_fix_offset)
     if q.is_cuda:
         direct_launch.launch(small_forward_kernel, plan, grid, args, 6, constants)   # the six tensors first
     else:
@@ -312,36 +244,35 @@ def small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p
     return out, lse
 
 
-def small_backward(q, k, v, out, lse, grad_out, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed,
-                   is_causal, scale, input_precision, grads=None):
-    """The small backward, one launch: (dq, dk, dv). Inputs as `small_forward`'s, plus O, its
-    L as the forward returned it (`new_lse`), and dO (contiguous rows). ``grads``: (dq, dk, dv) to write into
-    (views of one packed buffer, `flashlab.attention_qkvpacked`) instead of new tensors."""
-    dropout = dropout_p > 0
-    lse, l_fix_offset = split_lse(lse, has_mask and not mask_is_bool)
+def backward(q, k, v, out, lse, grad_out, mask: MaskArgs, spec: AttentionSpec, seed: int = 0, grads=None):
+    """The small backward, one launch: (dq, dk, dv). Inputs as `forward`'s, plus O, its L as the
+    forward returned it (`flashlab.launch.dense.new_lse`), and dO (contiguous rows). ``grads``:
+    (dq, dk, dv) to write into (views of one packed buffer, `flashlab.attention_qkvpacked`)."""
+    lse, l_fix_offset = split_lse(lse, mask.additive)
     # dQ, dK, dV: the layouts the custom op promises (empty_like), so strides follow q's, k's, v's
     dq, dk, dv = grads or (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    row_shared = mask_row_shared(mask_strides, has_mask, True, _pow2(k.shape[2]))
+    shared = row_shared(mask, True, _pow2(k.shape[2]))
     key = ("backward", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), grad_out.stride(),
-           dq.stride(), dk.stride(), dv.stride(), mask_strides, has_mask, mask_is_bool, row_shared, dropout,
-           is_causal, input_precision, q.dtype, q.is_cuda, _forced.get("backward"))
+           dq.stride(), dk.stride(), dv.stride(), mask.strides, mask.present, mask.is_bool, shared, spec, q.dtype,
+           q.is_cuda, _forced.get("backward"))
 
     def build():
         B, H, n_q, head_dim = q.shape
         H_kv, n_k = k.shape[1], k.shape[2]
         config = _config("backward", n_q, n_k, q.device, head_dim, q.element_size())
         grid = (-(-B * H_kv // config.heads),)
-        ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask_strides) + tuple(
-            s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (H, B * H_kv, n_q, n_k, head_dim,
-                                                                                H // H_kv)
-        constants = dict(IS_CAUSAL=is_causal, HAS_MASK=has_mask, MASK_IS_BOOL=mask_is_bool,
-                         MASK_ROW_SHARED=row_shared, DROPOUT=dropout, BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim),
-                         INPUT_PRECISION=input_precision, **config.kwargs())
+        (qk_scale, softcap, _, _), flags = spec.kernel_args(n_q, n_k)
+        del flags["HAS_WINDOW"]
+        ints = tuple(s for t in (q, k, v) for s in t.stride()[:3]) + tuple(mask.strides) + tuple(
+            s for t in (out, grad_out, dq, dk, dv) for s in t.stride()[:3]) + (
+            H, B * H_kv, n_q, n_k, head_dim, H // H_kv, qk_scale, spec.scale, softcap)
+        constants = dict(HAS_MASK=mask.present, MASK_IS_BOOL=mask.is_bool, MASK_ROW_SHARED=shared, **flags,
+                         BLOCK_N=_pow2(n_k), BLOCK_D=_pow2(head_dim), **config.kwargs())
         return grid, ints, constants
 
     plan = _plan(key, build)
     grid, ints, constants = plan
-    args = (q, k, v, mask, out, grad_out, lse, dq, dk, dv, *ints, scale * LOG2E, scale, seed, dropout_p, l_fix_offset)
+    args = (q, k, v, mask.tensor, out, grad_out, lse, dq, dk, dv, *ints, seed, spec.dropout_p, l_fix_offset)
     if q.is_cuda:
         direct_launch.launch(small_backward_kernel, plan, grid, args, 10, constants)  # the ten tensors first
     else:
@@ -358,7 +289,7 @@ def _config(kernel: str, n_q: int, n_k: int, device: torch.device, head_dim: int
 
 def takes_eager_path(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether an eager call of this shape can use `SmallAttention` (decided once per signature
-    by `flashlab.attention`; the switches are read per call, by `flash_launch._takes_small_path`):
+    by `flashlab.attention`; the switches are read per call, by `dispatch.takes_small_path`):
     the shape `fits`, and the kernels read the inputs as they are (half-precision CPU inputs are
     computed in fp32 by `flashlab.api.ops`, which the general route does)."""
     return not (device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)) and fits(n_q, n_k, head_dim,
@@ -369,49 +300,42 @@ class SmallAttention(torch.autograd.Function):
     """The small path's forward and backward behind one plain autograd.Function, for eager calls.
 
     `flashlab.attention` takes it for eager calls where the small path applies, with no window
-    and no mask that wants a gradient. It calls `small_forward` and `small_backward` directly:
-    the general route (`ops.EagerFlashAttention` → `ops.forward_kernels` → `flash_launch`)
-    re-decides at every call what is fixed per signature (which kernels, contiguity, the mask's
-    layout), passes eleven inputs and returns the log-sum-exp as a second, non-differentiable
-    output. At routing-model sizes that Python is longer than the kernels: on an H200 an eager
-    forward+backward at N = 20 took 376 µs through the general route and 283 µs through the
-    thinnest Function around the same two launches, for 37 µs of GPU work
-    (results/h200/small_host_time_thin_2026-12-04.json). The kernels, their arguments and so their results
-    are the same either way (tests/kernels/test_flash_small.py checks them bit for bit).
-
-    ``spec`` is ``(mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
-    input_precision)`` as `small_forward` takes them; ``mask`` is `flash_launch._mask_args`'s."""
+    and no mask that wants a gradient. It calls `forward` and `backward` directly: the general
+    route (`ops.EagerFlashAttention` → `ops.forward_kernels` → `dispatch`) re-decides at every
+    call what is fixed per signature (which kernels, contiguity, the mask's layout), passes
+    eleven inputs and returns the log-sum-exp as a second, non-differentiable output, and at
+    routing-model sizes that Python is longer than the kernels. The kernels, their arguments and
+    so their results are the same either way (tests/kernels/test_flash_small.py checks them bit
+    for bit). ``mask`` is `flashlab.launch.masks.mask_args`'s; ``seed`` dropout's."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, spec):
-        mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale, precision = spec
-        out, lse = small_forward(q, k, v, mask, mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal,
-                                 scale, precision)
-        ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.spec = spec
+    def forward(ctx, q, k, v, mask: MaskArgs, spec: AttentionSpec, seed: int):
+        out, lse = forward(q, k, v, mask, spec, seed)
+        ctx.save_for_backward(q, k, v, out, lse, mask.tensor)
+        ctx.mask, ctx.spec, ctx.seed = mask, spec, seed
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, mask = ctx.saved_tensors
+        q, k, v, out, lse, mask_tensor = ctx.saved_tensors
         if grad_out.stride(-1) != 1:            # the kernel reads dO rows as contiguous
             grad_out = grad_out.contiguous()
-        dq, dk, dv = small_backward(q, k, v, out, lse, grad_out, mask, *ctx.spec)
-        return *first_order_only((dq, dk, dv), (q, k, v)), None, None
+        mask = ctx.mask._replace(tensor=mask_tensor)
+        dq, dk, dv = backward(q, k, v, out, lse, grad_out, mask, ctx.spec, ctx.seed)
+        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None
 
 
 class SmallPackedAttention(torch.autograd.Function):
     """`SmallAttention` for q, k, v packed in one (B, N, 3, H, D) tensor with contiguous rows, no
     mask (`flashlab.attention_qkvpacked`'s eager calls on the small path): the backward kernel
-    writes dQ, dK, dV into views of one gradient laid out as ``qkv``. ``spec`` as
-    `SmallAttention`'s, for no mask."""
+    writes dQ, dK, dV into views of one gradient laid out as ``qkv``."""
 
     @staticmethod
-    def forward(ctx, qkv, spec):
+    def forward(ctx, qkv, spec: AttentionSpec, seed: int):
         q, k, v = unpack_qkv(qkv)
-        out, lse = small_forward(q, k, v, q, *spec)          # q: any pointer for the absent mask
+        out, lse = forward(q, k, v, MaskArgs(q, (0, 0, 0, 0), False, False), spec, seed)
         ctx.save_for_backward(qkv, out, lse)
-        ctx.spec = spec
+        ctx.spec, ctx.seed = spec, seed
         return out
 
     @staticmethod
@@ -421,5 +345,6 @@ class SmallPackedAttention(torch.autograd.Function):
             grad_out = grad_out.contiguous()
         dqkv = torch.empty_like(qkv)
         q, k, v = unpack_qkv(qkv)
-        small_backward(q, k, v, out, lse, grad_out, q, *ctx.spec, grads=unpack_qkv(dqkv))
-        return *first_order_only((dqkv,), (qkv,)), None
+        backward(q, k, v, out, lse, grad_out, MaskArgs(q, (0, 0, 0, 0), False, False), ctx.spec, ctx.seed,
+                 grads=unpack_qkv(dqkv))
+        return *first_order_only((dqkv,), (qkv,)), None, None

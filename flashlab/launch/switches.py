@@ -8,6 +8,7 @@ effect at once), and none is ever set by the package.
 | ``FLASHLAB_CPU_KERNELS`` | 1 | 0: CPU tensors take the PyTorch paths, never the interpreted kernels |
 | ``FLASHLAB_SMALL_PATH`` | 1 | 0: sequences that fit one key tile take the dense kernels too |
 | ``FLASHLAB_HOPPER`` | 1 | 0: an sm_90 GPU takes the dense kernels instead of the Hopper ones |
+| ``FLASHLAB_GLUON`` | see `flashlab.launch.gluon` | 1: an sm_90 GPU's forward takes the Gluon kernel where it applies |
 | ``FLASHLAB_DIRECT_LAUNCH`` | 1 | 0: every launch goes through Triton's own ``JITFunction.run`` |
 | ``FLASHLAB_MASK_ROW_SHARED`` | 1 | 0: a key-padding mask is loaded per query; ``all``: shared at every tile |
 | ``FLASHLAB_AUTOTUNE`` | 1 | 0: every shape runs its default tiles, nothing is timed |
@@ -37,6 +38,10 @@ def small_path() -> bool:
 
 def hopper(default: bool = True) -> bool:
     return _on("FLASHLAB_HOPPER", "1" if default else "0")
+
+
+def gluon(default: bool = False) -> bool:
+    return _on("FLASHLAB_GLUON", "1" if default else "0")
 
 
 def direct_launch() -> bool:

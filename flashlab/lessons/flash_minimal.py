@@ -1,6 +1,6 @@
 """The smallest complete flash-attention kernels: notebook 05's forward, notebook 06's backward.
 
-What the production kernels in `flash_triton.py` do, with every feature taken out that is not
+What the production kernels of `flashlab.kernels.dense` do, with every feature taken out that is not
 the algorithm itself: no causal mask, no attn_mask, no dropout, no GQA, no unchecked fast
 path, and N a multiple of the block sizes so no load or store needs a mask. Each kernel is
 one function read top to bottom, with the math beside the line that computes it.

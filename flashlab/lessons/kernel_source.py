@@ -17,11 +17,13 @@ from types import ModuleType
 
 
 def _jit_sources(module: ModuleType) -> dict[str, str]:
-    """Source of every function of ``module`` (``@triton.jit`` ones through ``.fn``)."""
+    """Source of every function of ``module`` (``@triton.jit`` ones through ``.fn``), and of the
+    functions it imports from its own package (the kernels' shared rules, `flashlab.kernels.tile`)."""
+    package = module.__name__.rpartition(".")[0]
     sources = {}
     for name, obj in vars(module).items():
         fn = getattr(obj, "fn", obj)
-        if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+        if inspect.isfunction(fn) and (fn.__module__ == module.__name__ or fn.__module__.rpartition(".")[0] == package):
             sources[name] = textwrap.dedent(inspect.getsource(fn))
     return sources
 

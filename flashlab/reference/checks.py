@@ -199,6 +199,18 @@ def check_window(window) -> None:
               "−1 = unbounded on that side, None = no window")
 
 
+def check_softcap(softcap) -> float:
+    """``softcap`` is None or 0 (none) or a positive finite number: the logits' soft cap,
+    cap·tanh(x/cap) (Gemma 2's ``attn_logit_softcapping``). Returns it as a float, 0.0 for none."""
+    if softcap is None:
+        return 0.0
+    if not (isinstance(softcap, numbers.Real) and not isinstance(softcap, bool) and math.isfinite(softcap)
+            and softcap >= 0):
+        _fail("softcap", f"expected a positive finite number (or None/0 for none), got {softcap!r}",
+              "E.g. softcap=50.0, Gemma 2's attention logit cap: scores become 50·tanh(scores/50)")
+    return float(softcap)
+
+
 def default_scale(head_dim: int, scale: float | None) -> float:
     """The softmax temperature: ``scale`` if given, else ``1/sqrt(D)`` as in the paper
     (1 for D = 0, where every score is 0 whatever the scale)."""

@@ -35,7 +35,7 @@ TF32_TOLERANCE = 3e-3
 
 def tf32_nearest(x: torch.Tensor) -> torch.Tensor:
     """fp32 → TF32 (10 of fp32's 23 mantissa bits), rounded to nearest even as cuBLAS rounds, Inf/NaN
-    kept; returned as float32. A reference for the kernels' TF32 path (`flash_triton._round_to_tf32`),
+    kept; returned as float32. A reference for the kernels' TF32 path (`flashlab.kernels.tile.round_to_tf32`),
     independent of Triton: adding just under half of the 13 dropped bits, plus the last kept bit, then
     clearing them rounds to nearest with ties to even."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF     # the bits, unsigned
@@ -61,30 +61,30 @@ def _mask_to_float64(mask: torch.Tensor) -> torch.Tensor:
 
 
 def reference_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                        dropout_keep=None, window=None) -> torch.Tensor:
+                        dropout_keep=None, window=None, softcap=None) -> torch.Tensor:
     """Attention in float64: the ground truth for every test.
 
     Same arguments and semantics as :func:`flashlab.naive_attention`; the inputs (and a
     float mask) are upcast to float64 on their own device first, so the only rounding
     left is float64's (about 1e-16 relative). Dropout needs the keep mask the
-    implementation used (``dropout_keep``), or the comparison is meaningless. ``window`` as
-    `flashlab.attention`'s.
+    implementation used (``dropout_keep``), or the comparison is meaningless. ``window`` and
+    ``softcap`` as `flashlab.attention`'s.
     """
     mask = None if attn_mask is None else _mask_to_float64(attn_mask)
     keep = None if dropout_keep is None else dropout_keep.to(q.device)
     return naive_attention(_to_float64(q), _to_float64(k), _to_float64(v), mask, is_causal, scale,
-                           dropout_p=dropout_p, dropout_keep=keep, window=window)
+                           dropout_p=dropout_p, dropout_keep=keep, window=window, softcap=softcap)
 
 
 def reference_gradients(q, k, v, grad_out, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                        dropout_keep=None, window=None):
+                        dropout_keep=None, window=None, softcap=None):
     """(dq, dk, dv) of attention in float64 (on the inputs' device), by autograd through the naive
     implementation: the ground truth for every backward test."""
     q64, k64, v64 = (_to_float64(t).requires_grad_() for t in (q, k, v))
     mask = None if attn_mask is None else _mask_to_float64(attn_mask)
     keep = None if dropout_keep is None else dropout_keep.to(q.device)
     out = naive_attention(q64, k64, v64, mask, is_causal, scale, dropout_p=dropout_p, dropout_keep=keep,
-                          window=window)
+                          window=window, softcap=softcap)
     return torch.autograd.grad(out, (q64, k64, v64), _to_float64(grad_out))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_attention_inputs, check_window, default_scale
+from .checks import check_attention_inputs, check_softcap, check_window, default_scale
 
 
 def causal_keep_mask(n_queries: int, n_keys: int, device=None) -> torch.Tensor:
@@ -65,6 +65,7 @@ def naive_attention(
     dropout_p: float = 0.0,
     dropout_keep: torch.Tensor | None = None,
     window=None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention, written with ``einsum`` and ``softmax``.
 
@@ -82,6 +83,8 @@ def naive_attention(
             used instead, so a kernel's own dropout can be checked exactly.
         window: ``(left, right)``: query i sees keys i + Nk − Nq − left … i + Nk − Nq + right
             (−1: unbounded), as `flashlab.attention` takes it; with ``is_causal`` both apply.
+        softcap: the scores soft-capped before the mask, S ← cap·tanh(S/cap) (Gemma 2's);
+            None or 0 for none.
 
     Returns:
         ``(..., Nq, Dv)`` in the dtype of q. A query row whose every key is masked out
@@ -92,12 +95,13 @@ def naive_attention(
     """
     check_attention_inputs(q, k, v, attn_mask, is_causal, scale)
     check_window(window)
+    softcap = check_softcap(softcap)
     return naive_attention_unchecked(q, k, v, attn_mask, is_causal, scale, dropout_p=dropout_p,
-                                     dropout_keep=dropout_keep, window=window)
+                                     dropout_keep=dropout_keep, window=window, softcap=softcap)
 
 
 def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
-                              dropout_keep=None, window=None):
+                              dropout_keep=None, window=None, softcap=0.0):
     """`naive_attention` for callers that validated the inputs already (`flashlab.attention`).
     Here ``attn_mask`` and ``is_causal`` may come together: both apply."""
     head_dim = q.shape[-1]
@@ -109,6 +113,8 @@ def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=No
 
     # S = (Q·scale) Kᵀ. Scaling Q (N×D) instead of S (N×N) saves a whole N×N tensor.
     scores = torch.einsum("...id,...jd->...ij", q * scale, k)
+    if softcap:                                                  # S ← cap·tanh(S / cap), before the mask
+        scores = softcap * torch.tanh(scores / softcap)
 
     keep = window_keep_mask(n_queries, n_keys, is_causal, window, q.device)   # causal and/or the window
     if keep is not None:

@@ -720,7 +720,7 @@ def _append_csv(path: Path, metrics: dict) -> None:
     # Columns are fixed by the file's header (a resumed run appends to the same file);
     # a metric the header lacks is an error rather than a silently shifted column. Only the
     # header line is read: reading the whole file on every step made a run quadratic (15,000
-    # TSP steps spent as long appending rows as training, 20 ms a step, on the H200 machine).
+    # TSP steps spent as long appending rows as training).
     header = _csv_header(path)
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")

@@ -30,7 +30,8 @@ def _default_configs(monkeypatch):
     monkeypatch.setenv("FLASHLAB_AUTOTUNE", "0")
 
 
-def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0, window=None):
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bhnd", dropout_p=0.0, window=None,
+           softcap=None):
     make = lambda h, n: torch.randn(B, h, n, D, device=DEVICE, dtype=dtype)  # noqa: E731
     if q_layout == "bnhd":  # a (B, N, H, D) tensor seen as (B, H, N, D): strided, no copy
         q = torch.randn(B, Nq, H, D, device=DEVICE, dtype=dtype).transpose(1, 2).requires_grad_()
@@ -39,12 +40,12 @@ def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype, attn_mask=None, q_layout="bh
     k, v = make(H_kv, Nk).requires_grad_(), make(H_kv, Nk).requires_grad_()
     rng = torch.random.get_rng_state()
     out = attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=H != H_kv,
-                    exact_fp32=True, window=window)
+                    exact_fp32=True, window=window, softcap=softcap)
     keep = None
     if dropout_p:  # replay the seed the call drew and ask the kernels for the mask Z they used
         torch.random.set_rng_state(rng)
         keep = dropout_keep_mask(draw_dropout_seed(), B, H, Nq, Nk, dropout_p, device=DEVICE)
-    drop = dict(dropout_p=dropout_p, dropout_keep=keep, window=window)
+    drop = dict(dropout_p=dropout_p, dropout_keep=keep, window=window, softcap=softcap)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
     group = H // H_kv
@@ -74,6 +75,30 @@ def test_grouped_and_multi_query(H, H_kv):
 def test_boolean_masks(mask_shape):
     keep = torch.rand(mask_shape, device=DEVICE) > 0.4
     _check(2, 2, 2, 30, 40, 16, False, torch.float32, attn_mask=keep)
+
+
+# Soft-capping through the dense kernels (past the small path's 128 keys): alone, causal and ragged, with
+# a float mask added after the cap, GQA, a window, and dropout; a cap small enough to bend every score
+@pytest.mark.parametrize("Nq,Nk,D,is_causal,extra", [
+    (150, 150, 16, True, {}),
+    (130, 200, 32, False, {"attn_mask": "float"}),
+    (150, 150, 16, True, {"H_kv": 1}),
+    (160, 160, 16, True, {"window": (40, 0)}),
+    (140, 140, 16, False, {"dropout_p": 0.2}),
+])
+def test_soft_capping_in_the_dense_kernels(Nq, Nk, D, is_causal, extra):
+    extra = dict(extra)
+    H_kv = extra.pop("H_kv", 2)
+    if extra.get("attn_mask") == "float":
+        extra["attn_mask"] = torch.randn(1, 2, Nq, Nk, device=DEVICE)
+    _check(1, 2, H_kv, Nq, Nk, D, is_causal, torch.float32, softcap=0.7, **extra)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("Nq,Nk,D", [(1000, 1000, 64), (40, 257, 128), (1000, 1000, 128)])
+def test_soft_capping_in_half_precision_on_gpu(Nq, Nk, D, dtype):
+    _check(2, 4, 2, Nq, Nk, D, True, dtype, softcap=20.0)
 
 
 def test_float_mask_and_fully_masked_rows():
@@ -236,6 +261,9 @@ def test_a_causal_module_given_a_padding_mask_stays_causal(mask_kind):
     ({"window": (1.5, 0)}, "window"),
     ({"window": (True, 0)}, "window"),
     ({"window": 8}, "window"),
+    ({"softcap": -1.0}, "softcap"),
+    ({"softcap": float("inf")}, "softcap"),
+    ({"softcap": "30"}, "softcap"),
 ])
 # (3-D inputs, D > 256 and Dv ≠ D are accepted now, as SDPA accepts them: tests/api/test_dropin.py)
 def test_clear_errors(kwargs, argument):

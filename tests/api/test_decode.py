@@ -62,6 +62,19 @@ def test_paged_shuffled_pages(num_splits, page_size):
     assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_soft_capping(causal):
+    """The logits capped before the causal mask, every split alike (a cap small enough to bend every score)."""
+    lengths = [45, 1, 0, 64]
+    k, v, table = _paged(lengths, 16, heads_k=2, head_dim=16)
+    q = torch.randn(len(lengths), 3, 4, 16, device=DEVICE)
+    for num_splits in (1, 3):
+        out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=num_splits, causal=causal,
+                               softcap=0.6)
+        assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=causal,
+                                                     softcap=0.6))
+
+
 def test_paged_equals_contiguous():
     """The same tokens in a contiguous and in a shuffled paged cache give the same output."""
     lengths = [30, 17]

@@ -486,7 +486,7 @@ def _no_kernels(monkeypatch):
     def no_kernels(*args, **kwargs):
         raise AssertionError("the interpreted kernels ran")
 
-    for owner, name in ((ops, "forward_kernels"), (flash_small, "small_forward"), (flash_small, "small_backward")):
+    for owner, name in ((ops, "forward_kernels"), (flash_small, "forward"), (flash_small, "backward")):
         monkeypatch.setattr(owner, name, no_kernels)
 
 
@@ -545,8 +545,8 @@ def test_cpu_kernels_switched_off_by_the_environment(monkeypatch):
         _sdpa_check(q, k, v, attn_mask=torch.rand(20, 20) > 0.2)
     monkeypatch.delenv("FLASHLAB_CPU_KERNELS")
     from flashlab.launch import small as flash_small
-    original, calls = flash_small.small_forward, []
-    monkeypatch.setattr(flash_small, "small_forward", lambda *args: calls.append(1) or original(*args))
+    original, calls = flash_small.forward, []
+    monkeypatch.setattr(flash_small, "forward", lambda *args: calls.append(1) or original(*args))
     _sdpa_check(q, k, v, is_causal=True)
     assert calls == [1], "with the switch unset the kernels run again"
 
@@ -555,7 +555,7 @@ def _math_sdpa_grads(q, k, v, mask, grad, dtype, **options):
     """Output and gradients (q, k, v, mask) of SDPA's math backend in ``dtype``: softmax differentiated
     as composed. Its fused CPU backend (what the default dispatch picks on a CPU) keeps only each row's
     log-sum-exp, as the kernels do, and loses log(Nk) beside a score of −3.4e38: its gradients of a
-    row masked everywhere with finfo.min are Nk times these (measurements/masked_rows_grad_check.py)."""
+    row masked everywhere with finfo.min are Nk times these."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v, mask = (t.detach().to(dtype).requires_grad_() for t in (q, k, v, mask))
     with sdpa_kernel(SDPBackend.MATH):
@@ -596,7 +596,7 @@ def test_rows_masked_everywhere_with_finfo_min_give_sdpas_mean_of_v_and_its_grad
     """A query row whose every key is masked with finfo(dtype).min (transformers' padding value) or a
     bias past +2.4e38: SDPA's scores are all equal there, so it averages V. In the kernels' base-2 scores
     such a bias overflowed to ±inf: zeros (or NaN) where SDPA averages, a fuzzer found; it now saturates.
-    The gradients of such a row then need each row's fix (flash_triton._l_fix): without it they were Nk
+    The gradients of such a row then need each row's fix (tile.l_fix): without it they were Nk
     times SDPA's math backend's. Output and the gradients of q, k, v and the mask against float64 SDPA."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, 16, dtype=dtype, device=DEVICE) for _ in range(3))
@@ -672,14 +672,14 @@ def test_rows_shifted_far_get_the_gradients_of_their_own_forward(n):
 def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(monkeypatch, n_q, n_k, mask_dtype,
                                                                                  options):
     """A mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)) is loaded as one 1 × BLOCK_N
-    row per tile and broadcast over the queries (flash_triton._mask_tile_ptrs), instead of BLOCK_M copies
+    row per tile and broadcast over the queries (tile.mask_tile_ptrs), instead of BLOCK_M copies
     of it: by default in the general kernels and the small path's up to 64 keys, with FLASHLAB_MASK_ROW_SHARED=all
     in the small path's at 128 too.
     Lengths past the small path's 128 keys (the general kernels) and within them (the small path's), bool
     and float, causal, a window, dropout (the same seed), GQA: output and gradients against the same mask
     materialised (B, 1, Nq, Nk), which takes the copies' load, and against float64 SDPA."""
-    from flashlab.kernels import dense as flash_triton
     from flashlab.launch import small as flash_small
+    from flashlab.launch.masks import MaskArgs, row_shared
     torch.manual_seed(n_q + n_k)
     heads_kv = 1 if options.get("enable_gqa") else 2
     q = torch.randn(2, 2, n_q, 16, device=DEVICE)
@@ -692,16 +692,17 @@ def test_a_key_padding_mask_loaded_as_one_shared_row_gives_what_its_copies_give(
         ~keep, torch.finfo(torch.float32).min)
     materialised = mask.expand(2, 1, n_q, n_k).contiguous()
     small = n_k <= 128                                                     # which kernels the case is meant for
-    assert flash_small.applies(n_q, n_k, 16, q.dtype, q.device.type) == small
-    padding, full = mask.expand(2, 2, n_q, n_k).stride(), materialised.expand(2, 2, n_q, n_k).stride()
+    assert flash_small.applies(n_q, n_k, 16, q.dtype) == small
+    padding, full = (MaskArgs(m, m.expand(2, 2, n_q, n_k).stride(), True, m.dtype == torch.bool)
+                     for m in (mask, materialised))
     tile = flash_small._pow2(n_k)                                            # the small kernels' one key tile
     monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "0")                      # the copies' load everywhere
-    assert not flash_triton.mask_row_shared(padding, True, small, tile)
+    assert not row_shared(padding, small, tile)
     monkeypatch.delenv("FLASHLAB_MASK_ROW_SHARED")       # the default: the general kernels, small tiles ≤ 64 keys
-    assert flash_triton.mask_row_shared(padding, True, small, tile) == (not small or tile <= 64)
+    assert row_shared(padding, small, tile) == (not small or tile <= 64)
     monkeypatch.setenv("FLASHLAB_MASK_ROW_SHARED", "all")                    # every kernel
-    assert flash_triton.mask_row_shared(padding, True, small, tile)
-    assert not flash_triton.mask_row_shared(full, True, small, tile)
+    assert row_shared(padding, small, tile)
+    assert not row_shared(full, small, tile)
 
     options = _causal_as_a_window_on_cuda(options)       # the reference below follows what the calls were given
 

@@ -74,6 +74,50 @@ def test_logits_and_gradients_match_sdpa(build, side):
     assert worst < 10 * TOL, worst
 
 
+def _gemma2():
+    """Gemma 2 caps its attention logits (attn_logit_softcapping: 50·tanh(x/50) in the real model; a small
+    cap here so that it bends these scores) and alternates sliding-window and global layers."""
+    config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       max_position_embeddings=64, sliding_window=4, attn_logit_softcapping=1.5,
+                                       query_pre_attn_scalar=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.Gemma2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_gemma2_soft_capping_matches_eager(side):
+    """Logit soft-capping reaches the kernels (it was refused before): a tiny Gemma 2 gives eager's logits
+    and gradients, padded either side, and eager's greedy tokens (left-padded, as generation needs). The cap
+    is small enough to matter: the same model without it gives other logits."""
+    torch.manual_seed(0)
+    model = _gemma2().eval()
+    with torch.no_grad():                     # scores of a trained model's size, not an initialised one's
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+            layer.self_attn.k_proj.weight.mul_(8)
+    ids, mask = _batch(side, torch.Generator().manual_seed(4))
+    want_logits, want_grads = _run(model, "eager", ids, mask)
+    got_logits, got_grads = _run(model, register(), ids, mask)
+    print(f"logits {_rel(got_logits, want_logits):.1e}", end=" ")
+    assert _rel(got_logits, want_logits) < TOL
+    worst = max(_rel(got_grads[n], want_grads[n]) for n in want_grads)
+    print(f"worst gradient {worst:.1e}")
+    assert worst < 10 * TOL, worst
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = None
+    uncapped, _ = _run(model, "eager", ids, mask)
+    assert _rel(uncapped, want_logits) > 100 * TOL, "the cap must change these logits for the test to mean anything"
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = 1.5
+    if side == "right":
+        return                                   # generation continues after the last token: left padding only
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+    model.set_attn_implementation("eager")
+    want = model.generate(ids, **kwargs)
+    model.set_attn_implementation(register())
+    assert torch.equal(model.generate(ids, **kwargs), want)
+
+
 def test_padding_reaches_the_attention():
     """Without its mask function a custom attention would get attention_mask=None and attend to
     padding: the padded sequence must give the same logits as that sequence alone."""
@@ -138,11 +182,11 @@ def test_transformers_own_names_are_refused(name):
 def test_what_the_kernels_do_not_have_is_refused_not_dropped():
     """Attention sinks (gpt-oss passes s_aux, a learned logit per head in every row's softmax) were
     silently dropped: logits off by 0.3-0.6 from eager on a tiny gpt-oss (a practitioner's trial).
-    Now, like soft-capping and attention weights, they raise one clear error naming the argument."""
+    Now, like attention weights, they raise one clear error naming the argument."""
     from flashlab.integrations.transformers import attention_forward
     q, k, v = (torch.randn(1, 4, 6, 16) for _ in range(3))
     module = torch.nn.Module()
-    for kwargs, argument in ((dict(s_aux=torch.zeros(4)), "s_aux"), (dict(softcap=30.0), "softcap"),
+    for kwargs, argument in ((dict(s_aux=torch.zeros(4)), "s_aux"),
                              (dict(output_attentions=True), "output_attentions")):
         with pytest.raises(ValueError, match=f"^{argument}: "):
             attention_forward(module, q, k, v, None, **kwargs)

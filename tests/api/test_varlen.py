@@ -32,10 +32,10 @@ def _packed(lengths, heads, heads_k, head_dim=16, lengths_k=None, dtype=torch.fl
     return [t.requires_grad_(grad) for t in (q, k, v)], cu_q, cu_k, max(lengths), max(lengths_k)
 
 
-def _check_forward_backward(lengths, heads, heads_k, is_causal, window, lengths_k=None):
+def _check_forward_backward(lengths, heads, heads_k, is_causal, window, lengths_k=None, softcap=None):
     (q, k, v), cu_q, cu_k, max_q, max_k = _packed(lengths, heads, heads_k, lengths_k=lengths_k)
-    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal, window=window)
-    ref = reference_varlen_attention(q, k, v, cu_q, cu_k, is_causal=is_causal, window=window)
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal, window=window, softcap=softcap)
+    ref = reference_varlen_attention(q, k, v, cu_q, cu_k, is_causal=is_causal, window=window, softcap=softcap)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert_close(out, ref)
     grad = torch.randn_like(out)
@@ -65,6 +65,12 @@ def test_grouped_query_attention(heads, heads_k):
 ])
 def test_windows_at_the_sequence_edges(is_causal, window):
     _check_forward_backward([1, 37, 6], heads=2, heads_k=1, is_causal=is_causal, window=window)
+
+
+@pytest.mark.parametrize("is_causal,window", [(False, None), (True, (5, 0))])
+def test_soft_capping(is_causal, window):
+    """The logits capped before the band (a cap small enough to bend every score), forward and backward."""
+    _check_forward_backward([1, 37, 6, 0], heads=2, heads_k=1, is_causal=is_causal, window=window, softcap=0.6)
 
 
 def test_different_query_and_key_lengths_align_to_the_end():

@@ -1,4 +1,4 @@
-"""The Hopper path (flash_hopper.py, flash_hopper_launch.py): who takes a call, and every step of
+"""The Hopper path (flashlab.kernels.hopper, flashlab.launch.hopper): who takes a call, and every step of
 the ladder against float64. On a CPU the steps run in Triton's interpreter in fp32 with small
 tiles; the GPU tests (an sm_90 GPU) check every step and candidate tile in bf16 and fp16."""
 
@@ -12,6 +12,7 @@ from flashlab import attention
 from flashlab.kernels.hopper import LADDER, Tiles
 from flashlab.launch import autotune
 from flashlab.launch import hopper as flash_hopper_launch
+from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.float64 import TOLERANCE, reference_attention, reference_gradients, rel_error
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -37,7 +38,7 @@ def hopper_machine(monkeypatch):
 
 def test_the_common_case_on_hopper_takes_the_hopper_kernels(hopper_machine):
     q = fake()
-    assert flash_hopper_launch.why_not_hopper(q, q, q, None, 0.0, 0.125) is None
+    assert flash_hopper_launch.why_not_hopper(q, q, q, None, AttentionSpec(0.125)) is None
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -48,8 +49,10 @@ def test_the_common_case_on_hopper_takes_the_hopper_kernels(hopper_machine):
     (dict(q=fake(dtype=torch.float32)), "dtype"),
     (dict(q=fake((2, 4, 128, 96))), "head dimension"),
     (dict(k=fake((2, 2, 128, 64))), "GQA"),
-    (dict(mask=True), "attn_mask or dropout"),
-    (dict(dropout=0.1), "attn_mask or dropout"),
+    (dict(mask=True), "attn_mask, dropout"),
+    (dict(dropout=0.1), "attn_mask, dropout"),
+    (dict(window=(16, 0)), "a window"),
+    (dict(softcap=30.0), "a soft-cap"),
     (dict(scale=-1.0), "scale"),
     (dict(env="0"), "FLASHLAB_HOPPER=0"),
     (dict(forced=True), "autotune.force"),
@@ -66,21 +69,23 @@ def test_everything_else_falls_back_with_a_reason(hopper_machine, monkeypatch, c
     mask = torch.ones(1, dtype=torch.bool) if change.get("mask") else None
     with autotune.force(forward=autotune.candidates("forward", 64, (9, 0))[0]) if change.get("forced") \
             else contextlib.nullcontext():
-        got = flash_hopper_launch.why_not_hopper(q, k, k, mask, change.get("dropout", 0.0), change.get("scale", 0.125))
+        spec = AttentionSpec(change.get("scale", 0.125), window=change.get("window"),
+                             softcap=change.get("softcap", 0.0), dropout_p=change.get("dropout", 0.0))
+        got = flash_hopper_launch.why_not_hopper(q, k, k, mask, spec)
     assert got is not None and reason in got
 
 
 def test_a_misaligned_view_falls_back(hopper_machine):
     q = fake()
     q.data_ptr = lambda: 4096 + 2          # a view starting one bf16 element in
-    assert "16 bytes" in flash_hopper_launch.why_not_hopper(q, fake(), fake(), None, 0.0, 0.125)
+    assert "16 bytes" in flash_hopper_launch.why_not_hopper(q, fake(), fake(), None, AttentionSpec(0.125))
 
 
 def test_cpu_calls_never_reach_the_hopper_kernels(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the Hopper path was taken on a CPU")
-    monkeypatch.setattr(flash_hopper_launch, "hopper_forward", refuse)
-    monkeypatch.setattr(flash_hopper_launch, "hopper_backward", refuse)
+    monkeypatch.setattr(flash_hopper_launch, "forward", refuse)
+    monkeypatch.setattr(flash_hopper_launch, "backward", refuse)
     q, k, v = (torch.randn(1, 2, 40, 64, requires_grad=True) for _ in range(3))
     out = attention(q, k, v, is_causal=True)
     out.sum().backward()
@@ -88,10 +93,10 @@ def test_cpu_calls_never_reach_the_hopper_kernels(monkeypatch):
 
 
 def _check_step(step, q, k, v, grad_out, causal, tiles, tol):
-    scale = q.shape[-1] ** -0.5
-    out, lse = flash_hopper_launch.hopper_forward(q, k, v, causal, scale, step, tiles=tiles["forward"])
-    grads = flash_hopper_launch.hopper_backward(q, k, v, out, lse, grad_out, causal, scale, step,
-                                                dkdv_tiles=tiles["dkdv"], dq_tiles=tiles["dq"])
+    spec = AttentionSpec(q.shape[-1] ** -0.5, is_causal=causal)
+    out, lse = flash_hopper_launch.forward(q, k, v, spec, step, tiles=tiles["forward"])
+    grads = flash_hopper_launch.backward(q, k, v, out, lse, grad_out, spec, step,
+                                         dkdv_tiles=tiles["dkdv"], dq_tiles=tiles["dq"])
     refs = (reference_attention(q, k, v, is_causal=causal), *reference_gradients(q, k, v, grad_out, is_causal=causal))
     for name, got, ref in zip(("out", "dq", "dk", "dv"), (out, *grads), refs):
         err = rel_error(got, ref)
@@ -138,8 +143,8 @@ def test_every_hopper_configuration_matches_float64_on_the_gpu(step, d, tiles, d
 @hopper_gpu
 def test_attention_takes_the_hopper_path_on_hopper(monkeypatch):
     calls = []
-    forward = flash_hopper_launch.hopper_forward
-    monkeypatch.setattr(flash_hopper_launch, "hopper_forward", lambda *a, **kw: calls.append(1) or forward(*a, **kw))
+    forward = flash_hopper_launch.forward
+    monkeypatch.setattr(flash_hopper_launch, "forward", lambda *a, **kw: calls.append(1) or forward(*a, **kw))
     q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = attention(q, k, v, is_causal=True)
     assert calls and rel_error(out, reference_attention(q, k, v, is_causal=True)) <= TOLERANCE[torch.bfloat16]
@@ -150,7 +155,7 @@ def test_attention_takes_the_hopper_path_on_hopper(monkeypatch):
 
 
 def test_unset_follows_the_default(monkeypatch):
-    """Unset, FLASHLAB_HOPPER takes ON_BY_DEFAULT (on since the ladder measured the path on an H200)."""
+    """Unset, FLASHLAB_HOPPER takes ON_BY_DEFAULT."""
     monkeypatch.delenv("FLASHLAB_HOPPER", raising=False)
     monkeypatch.setattr(flash_hopper_launch, "ON_BY_DEFAULT", False)
     assert not flash_hopper_launch.enabled()
@@ -160,10 +165,10 @@ def test_unset_follows_the_default(monkeypatch):
 
 @hopper_gpu
 def test_short_sequences_take_the_small_path_before_the_hopper_kernels(monkeypatch):
-    """N within flash_small's limit at a Hopper head dimension: one key tile, not 128-row tiles."""
+    """N within the small path's limit at a Hopper head dimension: one key tile, not 128-row tiles."""
     monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
     calls = []
-    for name in ("hopper_forward", "hopper_backward"):
+    for name in ("forward", "backward"):
         original = getattr(flash_hopper_launch, name)
         monkeypatch.setattr(flash_hopper_launch, name, lambda *a, _o=original, **kw: calls.append(1) or _o(*a, **kw))
     q, k, v = (torch.randn(8, 4, 100, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

@@ -5,7 +5,6 @@ On a CPU the kernels run in Triton's interpreter (fp32; fp16 computed in fp32 th
 same tests run compiled on a GPU, where bf16 is checked too."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ from flashlab import assert_close, reference_attention, reference_gradients
 from flashlab.api.attention import attention
 from flashlab.launch import small as flash_small
 from flashlab.launch.dense import draw_dropout_seed, dropout_keep_mask
+from flashlab.launch.masks import MaskArgs
+from flashlab.launch.spec import AttentionSpec
 from flashlab.launch.timing import capture_cuda_graph
 
 CUDA = torch.cuda.is_available()
@@ -30,22 +31,22 @@ def paths(monkeypatch):
     monkeypatch.setenv("FLASHLAB_SMALL_PATH", "1")
     calls = {"forward": 0, "backward": 0}
     for name in calls:
-        original = getattr(flash_small, f"small_{name}")
+        original = getattr(flash_small, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
-        monkeypatch.setattr(flash_small, f"small_{name}", counted)
+        monkeypatch.setattr(flash_small, name, counted)
     return calls
 
 
-def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype=torch.float32, attn_mask=None, dropout_p=0.0):
+def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype=torch.float32, attn_mask=None, dropout_p=0.0, softcap=None):
     """flashlab.attention's output and gradients vs float64 (GQA: k/v heads shared)."""
     q = torch.randn(B, H, Nq, D, device=DEVICE, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(B, H_kv, Nk, D, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
     rng = torch.random.get_rng_state()
     out = attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=H != H_kv,
-                    exact_fp32=True)
+                    exact_fp32=True, softcap=softcap)
     keep = None
     if dropout_p:  # the seed the call drew, replayed: the kernels' own mask Z
         torch.random.set_rng_state(rng)
@@ -54,7 +55,7 @@ def _check(B, H, H_kv, Nq, Nk, D, is_causal, dtype=torch.float32, attn_mask=None
     out.backward(grad_out)
     group = H // H_kv
     k_full, v_full = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    drop = dict(dropout_p=dropout_p, dropout_keep=keep)
+    drop = dict(dropout_p=dropout_p, dropout_keep=keep, softcap=softcap)
     assert_close(out, reference_attention(q, k_full, v_full, attn_mask, is_causal, **drop), tol=TOL[dtype])
     dq, dk, dv = reference_gradients(q, k_full, v_full, grad_out, attn_mask, is_causal, **drop)
     dk = dk.view(B, H_kv, group, Nk, D).sum(2)
@@ -78,6 +79,14 @@ def test_gqa_cross_lengths_and_half_precision(is_causal, paths):
     assert paths == {"forward": 2, "backward": 2}
 
 
+def test_soft_capping(paths):
+    """The logits capped at ±softcap before the mask, forward and backward (tile.soft_cap and its
+    derivative): a small cap bends every score of these inputs."""
+    _check(2, 2, 2, 20, 20, 16, True, softcap=0.5)
+    _check(1, 4, 2, 9, 33, 32, False, attn_mask=torch.rand(1, 1, 1, 33, device=DEVICE) > 0.3, softcap=2.0)
+    assert paths == {"forward": 2, "backward": 2}
+
+
 def test_masks_and_dropout(paths):
     """A key-padding mask, a float mask, and dropout with the general kernels' Philox mask."""
     _check(2, 2, 2, 20, 20, 16, False, attn_mask=torch.rand(2, 1, 1, 20, device=DEVICE) > 0.3)
@@ -89,7 +98,7 @@ def test_masks_and_dropout(paths):
 @pytest.fixture
 def routes(monkeypatch):
     """Counts eager calls by the route they take: the small path's own Function
-    (`flash_small.SmallAttention`), the general route's (`ops.EagerFlashAttention`), and the
+    (`launch.small.SmallAttention`), the general route's (`ops.EagerFlashAttention`), and the
     general route's forward body (`ops.forward_kernels`: its no-grad call, and inside
     `EagerFlashAttention`)."""
     from flashlab.api import ops
@@ -144,7 +153,7 @@ EAGER_CASES = {
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if CUDA else []))
 @pytest.mark.parametrize("case", list(EAGER_CASES))
 def test_eager_calls_take_the_small_function_bit_identical_to_the_general_route(case, dtype, routes):
-    """An eager call that fits the small path goes through `flash_small.SmallAttention`, and its
+    """An eager call that fits the small path goes through `launch.small.SmallAttention`, and its
     output and gradients are the general route's, bit for bit: the same kernels with the same
     arguments, dropout with the same seed."""
     spec = EAGER_CASES[case]
@@ -262,25 +271,6 @@ def test_switched_off_by_the_environment(monkeypatch, paths):
     assert paths == {"forward": 0, "backward": 0}
 
 
-@pytest.mark.parametrize("before", [None, "1"])
-def test_general_kernels_turns_the_path_off_for_its_block_and_restores_the_switch(before, monkeypatch, paths):
-    """Inside the block every shape runs the general kernels; after it (an exception included)
-    the switch is as it was: unset stays unset, "1" stays "1"."""
-    if before is None:
-        monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
-    else:
-        monkeypatch.setenv("FLASHLAB_SMALL_PATH", before)
-    with flash_small.general_kernels():
-        _check(1, 2, 2, 20, 20, 16, True)
-    assert paths == {"forward": 0, "backward": 0}
-    assert os.environ.get("FLASHLAB_SMALL_PATH") == before
-    with pytest.raises(RuntimeError, match="inside"), flash_small.general_kernels():
-        raise RuntimeError("inside the block")
-    assert os.environ.get("FLASHLAB_SMALL_PATH") == before
-    _check(1, 2, 2, 20, 20, 16, True)
-    assert paths == {"forward": 1, "backward": 1}
-
-
 def test_the_limits_per_head_dim_and_dtype(monkeypatch):
     """Keys × padded D held on chip: 8192 elements for 2-byte inputs, 4096 for fp32, at most
     128 keys; never for D > 128."""
@@ -298,11 +288,11 @@ def test_the_limits_per_head_dim_and_dtype(monkeypatch):
 
 def test_unset_means_on_for_cpu_and_gpu_and_zero_means_off(monkeypatch):
     monkeypatch.delenv("FLASHLAB_SMALL_PATH", raising=False)
-    assert flash_small.applies(20, 20, 16, torch.bfloat16, "cpu")
-    assert flash_small.applies(20, 20, 16, torch.bfloat16, "cuda")
+    assert flash_small.applies(20, 20, 16, torch.bfloat16)
+    assert flash_small.applies(20, 20, 16, torch.bfloat16)
     monkeypatch.setenv("FLASHLAB_SMALL_PATH", "0")
-    assert not flash_small.applies(20, 20, 16, torch.bfloat16, "cpu")
-    assert not flash_small.applies(20, 20, 16, torch.bfloat16, "cuda")
+    assert not flash_small.applies(20, 20, 16, torch.bfloat16)
+    assert not flash_small.applies(20, 20, 16, torch.bfloat16)
 
 
 def test_default_configurations(monkeypatch, tmp_path):
@@ -381,11 +371,12 @@ def test_every_shipped_launch_matches_float64(kernel, head_dim, keys, config):
     n, heads = keys - 3, config.heads + 1
     q, k, v, grad_out = (torch.randn(1, heads, n, head_dim, device=DEVICE, dtype=torch.float64) for _ in range(4))
     inputs = [t.to(dtype) for t in (q, k, v, grad_out)]
-    no_mask = (inputs[0], (0, 0, 0, 0), False, False, 0.0, 0, True, head_dim ** -0.5, "ieee")  # any pointer; causal
+    no_mask = MaskArgs(inputs[0], (0, 0, 0, 0), False, False)           # any pointer
+    spec = AttentionSpec(head_dim ** -0.5, is_causal=True)
     with flash_small.force(**{kernel: config}):
         assert flash_small._config(kernel, n, n, q.device, head_dim, inputs[0].element_size()) == config
-        out, lse = flash_small.small_forward(*inputs[:3], *no_mask)
-        grads = flash_small.small_backward(*inputs[:3], out, lse, inputs[3], *no_mask)
+        out, lse = flash_small.forward(*inputs[:3], no_mask, spec)
+        grads = flash_small.backward(*inputs[:3], out, lse, inputs[3], no_mask, spec)
     q, k, v = (t.to(dtype).double() for t in (q, k, v))                  # the inputs the kernels saw
     assert_close(out, reference_attention(q, k, v, None, True), tol=TOL[dtype])
     for got, want in zip(grads, reference_gradients(q, k, v, inputs[3].double(), None, True)):

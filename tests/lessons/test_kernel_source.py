@@ -12,7 +12,8 @@ def test_kernel_parts_follow_the_calls_of_a_kernel():
     assert next(iter(parts)) == "flash_forward_kernel"
     assert len(parts) > 1                                           # the helpers it calls, found by name
     loop = part_containing(parts, "for start_n in range")
-    assert "exp2" in parts[loop]
+    assert "online_softmax_step(" in parts[loop]
+    assert "exp2" in parts["online_softmax_step"], "the shared tile rules are followed into their module"
     assert list(kernel_parts(flash_minimal, "minimal_forward_kernel")) == ["minimal_forward_kernel"]
 
 

@@ -1,9 +1,9 @@
-"""TF32 products round their fp32 operands to nearest (`flash_triton.dot`), as cuBLAS does when
+"""TF32 products round their fp32 operands to nearest (`flashlab.kernels.tile.dot`), as cuBLAS does when
 torch allows TF32, instead of the truncation Hopper's tensor cores apply to raw fp32 bits. On the
 CPU Triton's interpreter multiplies exactly, so the rounding the kernels add is all there is to
 see: the results must match a float64 emulation of round-to-nearest TF32 and not the exact or
-the truncated product. (On an H200, 2026-12-03, before this rounding: flashlab's TF32 output
-error 1.5e-3 against PyTorch TF32's 4.2e-4; a float64 emulation of truncation gives 1.48e-3.)"""
+the truncated product. (Without this rounding, flashlab's TF32 output on a Hopper GPU was as far from
+float64 as a float64 emulation of truncation, about 3.5 times PyTorch TF32's error.)"""
 
 import flashlab  # noqa: F401, I001  (first: the interpreter on a CPU-only machine)
 import pytest
@@ -11,16 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlab.launch import dense as flash_launch
-from flashlab.kernels.dense import _round_to_tf32
-from flashlab.reference.float64 import rel_error, tf32_nearest, tf32_truncated
+from flashlab.kernels.tile import round_to_tf32
+from flashlab.launch import dispatch
 from flashlab.launch.runtime import kernel_for
+from flashlab.launch.spec import AttentionSpec
+from flashlab.reference.float64 import rel_error, tf32_nearest, tf32_truncated
 
 
 @triton.jit
 def _round_probe(X, OUT, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    tl.store(OUT + offs, _round_to_tf32(tl.load(X + offs, mask=offs < n)), mask=offs < n)
+    tl.store(OUT + offs, round_to_tf32(tl.load(X + offs, mask=offs < n)), mask=offs < n)
 
 
 def test_rounding_matches_round_to_nearest_even_on_edge_values():
@@ -53,7 +54,7 @@ def _emulated(q, k, v, rounding):
 def test_tf32_forward_rounds_its_operands_to_nearest(n, d):
     torch.manual_seed(n)
     q, k, v = (torch.randn(1, 2, n, d) for _ in range(3))
-    out, _ = flash_launch.flash_forward(q, k, v, None, 0.0, 0, False, d ** -0.5, "tf32")
+    out, _ = dispatch.forward(q, k, v, None, AttentionSpec(d ** -0.5, precision="tf32"))
     exact = _emulated(q, k, v, lambda x: x)
     nearest, truncated = _emulated(q, k, v, tf32_nearest), _emulated(q, k, v, tf32_truncated)
     err_nearest = rel_error(out, nearest)
@@ -72,8 +73,9 @@ def test_tf32_backward_matches_the_exact_one_to_tf32_accuracy():
     scale = 64 ** -0.5
     grads = {}
     for precision in ("ieee", "tf32"):
-        out, lse = flash_launch.flash_forward(q, k, v, None, 0.0, 0, True, scale, precision)
-        grads[precision] = flash_launch.flash_backward(q, k, v, out, lse, grad, None, 0.0, 0, True, scale, precision)
+        spec = AttentionSpec(scale, is_causal=True, precision=precision)
+        out, lse = dispatch.forward(q, k, v, None, spec)
+        grads[precision] = dispatch.backward(q, k, v, out, lse, grad, None, spec)
     for name, exact, tf32 in zip(("dq", "dk", "dv"), grads["ieee"], grads["tf32"]):
         err = rel_error(tf32, exact)
         assert 1e-5 < err < 3e-3, (name, err)          # rounded (not exact), and to TF32's accuracy
