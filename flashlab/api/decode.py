@@ -40,7 +40,7 @@ def decode_block_sizes(device_is_gpu: bool, head_dim: int = 128) -> dict:
     """Key-tile size and launch options. On a GPU with Hopper's 228 KB of shared memory per SM and
     D ≤ 128: 128-key tiles, 4 warps, 2 stages, the fastest of 12 (tile 64/128 × warps 4/8 × stages
     2-4) on an H200 for a 64k cache at batch 1 and a paged one at batch 4 (results/h200/
-    decode_varlen.json, "decode launch options"; the spread was 0.105-0.126 ms at batch 1). Elsewhere
+    decode-varlen.json, "decode launch options"; the spread was 0.105-0.126 ms at batch 1). Elsewhere
     64-key tiles, 2 stages, to fit. In the interpreter larger tiles and fewer programs run faster
     (its cost is per program and per op)."""
     if device_is_gpu:
@@ -55,7 +55,7 @@ def tiles_for_pages(meta: dict, page_size: int) -> dict:
     kernel's PAGE_ALIGNED path). On the H200, pages of 64 under 128-key tiles cost +52% against a
     contiguous cache (every row gathered through the table), pages of 256 +1%; 64-key tiles with
     4 warps and 3 stages ran within 10% of the best in the same sweep (results/h200/
-    decode_varlen.json). Smaller pages (vLLM's 16) keep the row gather."""
+    decode-varlen.json). Smaller pages (vLLM's 16) keep the row gather."""
     if 32 <= page_size < meta["BLOCK_N"] and page_size & (page_size - 1) == 0:
         return dict(meta, BLOCK_N=page_size, num_stages=3)
     return meta

@@ -2,6 +2,7 @@
 
     python -m flashlab.bench list
     python -m flashlab.bench run SUITE [SUITE ...] --out DIR --budget-s S [--quick] [--tar-only]
+    python -m flashlab.bench ship-launches RECORD [...] [--check]   (small-launches → the shipped file)
 
 `flashlab.bench.runner` says what a run writes; `flashlab.bench.suites` holds the suites."""
 
@@ -45,6 +46,10 @@ def build_parser(suites) -> argparse.ArgumentParser:
                      help="tiny shapes: checks that a suite runs (on a CPU too, where a suite allows it)")
     run.add_argument("--tar-only", action="store_true",
                      help="keep only records.tar.gz in --out (a device call returns at most 8 files)")
+    ship = commands.add_parser("ship-launches", help="write flashlab/launch/tuned/small_path/<gpu>.json from "
+                               "small-launches records")
+    ship.add_argument("records", nargs="+", type=Path, help="small-launches records (.json) of one GPU model")
+    ship.add_argument("--check", action="store_true", help="exit 1 if the shipped file differs; write nothing")
     return parser
 
 
@@ -66,6 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "list":
         print(suite_lines(SUITES) if args.brief else describe_suites(SUITES))
         return 0
+    if args.command == "ship-launches":
+        missing = [str(p) for p in args.records if not p.is_file()]
+        if missing:
+            print(f"python -m flashlab.bench: {', '.join(missing)}: no such file", file=sys.stderr)
+            return 2
+        from flashlab.bench.suites.small_launches import write_launches_file
+        try:
+            return write_launches_file(args.records, args.check)
+        except (ValueError, KeyError) as exc:
+            print(f"python -m flashlab.bench: ship-launches: {exc}", file=sys.stderr)
+            return 2
     unknown = [name for name in args.suites if name not in SUITES]
     if unknown:
         print(f"python -m flashlab.bench: unknown suite {', '.join(map(repr, unknown))}; "

@@ -230,13 +230,13 @@ def mask_row_shared(mask_strides, has_mask: bool, small: bool = False, key_tile:
     """Whether a kernel loads the mask as one row that every query shares (`_mask_tile_ptrs`): a
     mask with stride 0 over the queries (key padding, (B, 1, 1, Nk)), instead of BLOCK_M copies of
     that row. The general kernels do by default: on an H100 at 4 × 16 × 4096 × 64 it took a float
-    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (results/README,
-    "What an attn_mask costs"). The small path's kernels (``small``, one tile of ``key_tile`` keys) do
-    by default when that tile holds at most 64 keys: on an H100 at 256 × 8 heads, D = 16 and 64, it was
-    as fast or faster at N = 20, 50, 64 (at 50 keys, D = 16, 3.6× faster forward), while at the 128-key
-    tile it was 2.4-3.3× slower forward at N = 128 and 1.05-1.11× faster at N = 100 (results/README,
-    "The small path's A/B"). ``FLASHLAB_MASK_ROW_SHARED=all`` takes it at every tile, ``=0`` nowhere (the
-    copies' load). Read per call, and only for such a mask."""
+    key-padding mask from 1.60 to 0.87 ms forward and 5.6 to 3.7 ms forward+backward (an A/B whose
+    records are in the git history of results/h100/). The small path's kernels (``small``, one tile
+    of ``key_tile`` keys) do by default when that tile holds at most 64 keys: on an H100 at 256 × 8
+    heads, D = 16 and 64, it was as fast or faster at N = 20, 50, 64 (at 50 keys, D = 16, 3.6× faster
+    forward), while at the 128-key tile it was 2.4-3.3× slower forward at N = 128 and 1.05-1.11×
+    faster at N = 100 (the same records). ``FLASHLAB_MASK_ROW_SHARED=all`` takes it at every tile,
+    ``=0`` nowhere (the copies' load). Read per call, and only for such a mask."""
     if not (has_mask and mask_strides[2] == 0):
         return False
     switch = os.environ.get("FLASHLAB_MASK_ROW_SHARED", "1")

@@ -4,7 +4,7 @@ FlashAttention-3 that Triton can express, as compile-time switches of three kern
 `flash_triton.py` stays the course's kernel (every feature, runs in the interpreter); this
 module is its fast path for the common case on an H100/H200: fp16/bf16, D ∈ {64, 128}, no
 attn_mask, no dropout, one k/v head per q head. Each switch is one rung of the ladder that
-``measurements/hopper_ladder.py`` measures (`LADDER`, at the end of this file):
+the hopper-ladder suite measures (`LADDER`, at the end of this file; results/<gpu>/hopper-ladder.json):
 
     FOLD_SCALE       the softmax scale·log2(e) folded into the exponent: the row maximum is
                      taken over the raw scores and scaled once per row, and each score costs one
@@ -18,7 +18,7 @@ Not here: warp specialisation (``tl.range(..., warp_specialize=True)``, a produc
 loads beside consumer warps for the MMAs and the softmax). Triton 3.6's Hopper pass
 (NVGPUWarpSpecialization) rejects these loops when compiling for sm_90: it aborts the process on
 the forward ("unsupported op type", WSDataPartition.cpp) and fails on a plain 2-D-descriptor
-version of it, so the ladder has no such step (results/cpu_aot/hopper_ladder_sm90_triton36.txt).
+version of it, so the ladder has no such step.
 
 What stays as in `flash_triton.py`: the online softmax in base 2, the log-sum-exp L = m + log2 l
 the backward reads, a masked loop only for tiles on the causal diagonal or the ragged end of N.
@@ -341,7 +341,7 @@ _SAME_TILES = {
     "dq": {64: [Tiles(64, 64, 4, 2)], 128: [Tiles(64, 64, 4, 2)]},
 }
 # Step 4's candidates, the dispatcher's default first. The order comes from the first full ladder
-# run on an H200 (2026-12-03, results/h200/hopper_ladder_2026-12-03_first_full.json), which timed
+# run on an H200 (an earlier hopper-ladder record, in the git history of results/h200/), which timed
 # every candidate on 16 shapes: the forward at D = 128 was fastest with 64x64 tiles and 4 warps on
 # all 8 of them (0.54 against 0.65 ms at N = 2k full), and no candidate beat step 3's 64x64 w4
 # dK/dV and dQ tiles (at D = 128 the 8-warp dK/dV tiles that were meant to end the spills made

@@ -60,7 +60,7 @@ class Config:
     num_stages: int
     # dK/dV only: whether unmasked tiles take the unchecked fast path. Compiling both paths
     # into one kernel costs registers, and at D = 128 the kernel already spills
-    # (results/h200/kernel_resources.json), so the tuner tries it both ways.
+    # (results/h200/kernel-resources.json), so the tuner tries it both ways.
     fast_path: bool = True
 
     def kwargs(self) -> dict:
@@ -86,7 +86,7 @@ EXACT_FP32 = Config(32, 32, 8, 1)
 # 128-wide tiles fit. Each list starts with the configuration measured best on an H200 before
 # autotuning existed (the default when tuning is off). dK/dV keeps BLOCK_M ≥ BLOCK_N when
 # pipelined: BLOCK_M < BLOCK_N with 2 stages gave dK errors of 1-9% on an H200 with Triton
-# 3.6 (python -m measurements.probe_dk). tests/api/test_attention.py checks every candidate on a GPU.
+# 3.6 (a one-off probe, since removed). tests/api/test_attention.py checks every candidate on a GPU.
 #
 # D ≤ 32 (routing models: width 128 over 8 heads is D = 16): a tile row is 32-64 bytes, so
 # the 128 × 128 tiles that cost too many registers at D = 128 fit easily, and with little work
@@ -105,7 +105,7 @@ _HOPPER = {
                   Config(32, 32, 4, 2)],
              128: [Config(64, 64, 4, 2), Config(64, 64, 4, 2, fast_path=False), Config(64, 64, 8, 2),
                    Config(64, 64, 4, 3), Config(128, 128, 8, 2), Config(128, 128, 8, 1),
-                   # no register spills at D = 128 when compiled for sm_90 (python -m measurements.kernel_resources_aot;
+                   # no register spills at D = 128 when compiled for sm_90 (the kernel-resources-aot suite;
                    # 64x64 w4 spills 376-648 bytes a thread); not yet timed on a GPU
                    Config(32, 32, 4, 2), Config(128, 32, 8, 2), Config(64, 32, 4, 3, fast_path=False)],
              256: [Config(32, 32, 4, 1), Config(64, 64, 4, 1), Config(32, 32, 4, 2)]},
@@ -200,7 +200,7 @@ def shared_memory_bytes(kernel: str, config: Config, head_dim: int, element_size
         dkdv     K and V once, S + 1 tiles of Q/dO, the Pᵀ/dSᵀ operand, and 1 KiB for the
                  pipelined L and Δ rows when S > 1:      e·(d·(2·BLOCK_N + (S+1)·BLOCK_M) + BLOCK_M·BLOCK_N)
     Fitted to the compiled kernels' own figures: all 48 forward/dkdv/dq rows of
-    results/h200/kernel_resources.json (bf16, D = 64 and 128, Triton 3.6) exactly, and the
+    results/h200/kernel-resources.json (bf16, D = 64 and 128, Triton 3.6) exactly, and the
     fp32 failure "Required: 262144" (forward 128x64 s3 at D = 128). Float masks' tiles are not
     counted (the tuner skips a candidate that still fails to compile)."""
     e, m, n, s, d = element_size, config.block_m, config.block_n, config.num_stages, _padded_head_dim(head_dim)

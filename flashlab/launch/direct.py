@@ -7,7 +7,8 @@ that into a key, look the compiled kernel up, check the kernel's globals, build 
 metadata, and only then call the C launcher. At routing-model sizes that Python is longer than
 the kernel: on an H200 a small-path forward at N = 20 runs for 16 µs (replayed from a CUDA
 graph), and launching it took 34 µs through Triton's launch, 16 µs directly
-(results/h200/small_host_time_thin_2026-12-04.json).
+(an earlier host-time record, in the git history of results/h200/; results/h200/host-time.json is
+the current one).
 
 `launch(kernel, plan, grid, args, n_pointers, constants)` keeps, per call signature, the
 ``CompiledKernel`` that Triton's own launch returned the first time, and afterwards calls its C

@@ -46,7 +46,7 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 # Whether flashlab.attention takes the Hopper kernels when FLASHLAB_HOPPER is unset. On: the
-# ladder (measurements/hopper_ladder.py → results/h200/hopper_ladder.json, an H200, 2026-12-03)
+# ladder (the hopper-ladder suite's record on an H200, results/h200/hopper-ladder.json)
 # measured the final step's dispatched kernels at 382 TFLOP/s forward+backward against the course
 # kernel's 313 (geometric mean over N = 2k/16k, D = 64/128, causal and full, bf16: 1.22×), and
 # 120 of 120 correctness rows (every step and candidate, bf16 and fp16) within tolerance of float64.

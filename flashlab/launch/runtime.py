@@ -239,7 +239,7 @@ def input_precision(dtype: torch.dtype, device: torch.device, exact_fp32: bool =
 
     Exact fp32 costs: without tensor cores an fp32 forward at (B, H, N, D) = (4, 8, 2048, 64)
     took 26 ms exact against 0.28 ms in TF32 on an H200, and each exact kernel ~100 s to compile
-    (results/h200/dropin/); set ``torch.backends.cuda.matmul.allow_tf32 = True`` to train in fp32."""
+    (results/h200/dropin.json); set ``torch.backends.cuda.matmul.allow_tf32 = True`` to train in fp32."""
     if dtype != torch.float32 or exact_fp32 or torch.device(device).type != "cuda":
         return "ieee"
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"

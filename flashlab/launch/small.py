@@ -104,11 +104,9 @@ def enabled(device_type: str = "cpu") -> bool:
     """FLASHLAB_SMALL_PATH=0: every shape runs the general kernels (the "before" of the GPU
     measurements); unset or =1: the small path where it applies, on CPU and GPU alike.
 
-    On a GPU it has been on by default since 2026-12-04, once an H200 had shown it correct against
-    float64 (results/h200/small_path_gpu_tests.log, small_graphs_small_path_correctness.json) and
-    faster than the kernels it replaces (small_graphs_table_2026-12-05.json, small_graphs_compiled_steps.json;
-    results/README.md). `device_type` is unused since; callers pass it in case a device needs its
-    own default again."""
+    On a GPU it is on by default, an H200 having shown it correct against float64 and faster than
+    the kernels it replaces (results/h200/small-table.json, tsp-step.json). `device_type` is unused;
+    callers pass it in case a device needs its own default again."""
     return switches.small_path()
 
 
@@ -179,9 +177,9 @@ class SmallConfig:
 
 # The fastest launch of each kernel measured on a GPU model, by padded head dimension and keys:
 # {"forward | 16 | 128": "64xall h1 w4", ...}, one file per model (named as the autotuner's
-# shipped decisions are), written by `python -m measurements.small_defaults` from recorded
-# `measurements/small_graphs.py --sections choices` runs (test_flash_small checks that each is
-# what its records give). Other GPUs take the rule in `default_config`.
+# shipped decisions are), written by `python -m flashlab.bench ship-launches` from the
+# small-launches suite's records (test_flash_small checks that each is what its records give).
+# Other GPUs take the rule in `default_config`.
 MEASURED_DIR = Path(__file__).with_name("tuned") / "small_path"
 
 
@@ -225,7 +223,7 @@ def default_config(kernel: str, n_q: int, n_k: int, device: torch.device, head_d
     H200's 132 SMs already, so packing heads buys no occupancy. At D = 16 (the routing models')
     dK and dV are small enough for a 64 × 128 backward tile, and short sequences run best on
     16-row tiles with 2 warps: an H200's forward+backward replayed from a CUDA graph (B·H = 4096,
-    bf16; `measurements/small_graphs.py --sections choices`, results/h200/small_graphs_choices.json)
+    bf16; an earlier small-launches record, in the git history of results/h200/)
     took 0.167 ms at N = 100 with 64 rows against 0.238 with 32, and 0.032 ms at N = 20 with 16
     rows and 2 warps against 0.037 with 32 and 4. Other head dimensions keep the 32-row tile
     (not measured against the alternatives). Interpreter: the whole sequence in one step (fewer,
@@ -376,8 +374,8 @@ class SmallAttention(torch.autograd.Function):
     output. At routing-model sizes that Python is longer than the kernels: on an H200 an eager
     forward+backward at N = 20 took 376 µs through the general route and 283 µs through the
     thinnest Function around the same two launches, for 37 µs of GPU work
-    (results/h200/small_host_time_thin_2026-12-04.json). The kernels, their arguments and so their results
-    are the same either way (tests/kernels/test_flash_small.py checks them bit for bit).
+    (an earlier host-time record, in the git history of results/h200/). The kernels, their arguments
+    and so their results are the same either way (tests/kernels/test_flash_small.py checks them bit for bit).
 
     ``spec`` is ``(mask_strides, has_mask, mask_is_bool, dropout_p, seed, is_causal, scale,
     input_precision)`` as `small_forward` takes them; ``mask`` is `flash_launch._mask_args`'s."""

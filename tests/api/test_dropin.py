@@ -955,7 +955,7 @@ def test_autocast_casts_the_inputs_as_it_casts_sdpas(n):
         assert attention(*as_64).dtype == torch.float64           # float64 is not autocast's to change
     low = [t.to(lower) for t in (q, k, v)]               # outside autocast: SDPA takes a float32 mask too
     # against float64, not SDPA's default dispatch: on CUDA (PyTorch 2.11, an H100) that picks cuDNN, which
-    # returns NaN or garbage for a float32 mask beside bf16 inputs (results/h100/mask_dtype_check_2026-12-06.txt)
+    # returns NaN or garbage for a float32 mask beside bf16 inputs (a one-off check; git history of results/h100/)
     want = F.scaled_dot_product_attention(*(t.double() for t in low), attn_mask=mask.double())
     assert_close(attention(*low, attn_mask=mask).float(), want, tol=2e-2)
     with pytest.raises(ValueError, match="attn_mask: dtype torch.float64"):

@@ -16,6 +16,7 @@ from flashlab.bench.suites import (
     hopper_ladder,
     host_time,
     kernel_resources,
+    kernel_resources_aot,
     mixed_precision_memory,
     mqar_training,
     python_layers,
@@ -33,7 +34,7 @@ _ALL: list[Suite] = [
     attention.SUITE, softmax.SUITE, roofline.SUITE, hopper_ladder.SUITE, claims.SUITE, small_table.SUITE,
     small_launches.SUITE, tsp_step.SUITE, host_time.SUITE, python_layers.SUITE, tsp_encoder.SUITE, rl4co_step.SUITE,
     decode_varlen.SUITE, *train.SUITES, mixed_precision_memory.SUITE, mqar_training.SUITE, dropin.SUITE,
-    kernel_resources.SUITE, gpu_tests.SUITE,
+    kernel_resources.SUITE, kernel_resources_aot.SUITE, gpu_tests.SUITE,
 ]
 SUITES: dict[str, Suite] = {suite.name: suite for suite in _ALL}
 assert len(SUITES) == len(_ALL), "two suites share a name"

@@ -1,7 +1,7 @@
 """small-launches: the small kernels' launch choices (query rows per program, heads per program,
 warps, stages), each timed by CUDA-graph replay at routing sizes, and what the fastest give the TSP
 encoder's training step; the record's choices are what flashlab/launch/tuned/small_path/<gpu>.json
-ships (`launches_table`; written by ``python -m flashlab.bench.suites.small_launches RECORD``).
+ships (`launches_table`; written by ``python -m flashlab.bench ship-launches RECORD``).
 
   choices        every launch of FORWARD_CHOICES and BACKWARD_CHOICES that fits the tile, at each
                  head dimension and sequence length; the fastest per kernel
@@ -12,11 +12,9 @@ ships (`launches_table`; written by ``python -m flashlab.bench.suites.small_laun
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -231,23 +229,16 @@ def launches_table(records: list[dict], sources: list[str] | None = None) -> dic
             "replay_ms": {key: round(best["ms"], 5) for key, best in sorted(decisions.items())}}
 
 
-def main(argv=None) -> int:
-    """``python -m flashlab.bench.suites.small_launches RECORD [...] [--check]``: writes (or checks)
-    flashlab/launch/tuned/small_path/<gpu>.json from small-launches records."""
+def write_launches_file(paths: list[Path], check: bool = False) -> int:
+    """flashlab/launch/tuned/small_path/<gpu>.json from small-launches records of one GPU model
+    (``python -m flashlab.bench ship-launches RECORD...``); with ``check``, compare instead of writing:
+    0 if the shipped file is what the records give, 1 if not."""
     from flashlab.launch import small as flash_small
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("records", nargs="+", type=Path, help="small-launches records (.json) of one GPU model")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the shipped file differs, write nothing")
-    args = parser.parse_args(argv)
-    missing = [str(p) for p in args.records if not p.is_file()]
-    if missing:
-        print(f"small_launches: {', '.join(missing)}: no such file", file=sys.stderr)
-        return 2
-    shown = [str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in args.records]
-    table = launches_table([json.loads(p.read_text()) for p in args.records], shown)
+    shown = [str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in paths]
+    table = launches_table([json.loads(p.read_text()) for p in paths], shown)
     out = flash_small.measured_path(table["gpu"])
     text = json.dumps(table, indent=1) + "\n"
-    if args.check:
+    if check:
         same = out.exists() and out.read_text() == text
         print(f"{out}: {'as the records give' if same else 'DIFFERS from the records'}")
         return 0 if same else 1
@@ -266,6 +257,3 @@ SUITE = Suite(
     shapes="B = 512, H = 8, N = 100, 50, 20, D = 16, 32 and 64, bf16; the encoder step at 100, 50 and 20 cities, "
            "batch 512. --quick: B = H = 2, N = 4, D = 16",
     budget_s=300, min_s=60, run=run, needs="gpu, or quick")
-
-if __name__ == "__main__":
-    sys.exit(main())
