@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,10 +126,12 @@ def _pack(out: Path, paths: list[Path], tar_only: bool) -> None:
     if tar_only:
         for path in paths:
             if path.is_dir():
-                import shutil
                 shutil.rmtree(path)
             else:
                 path.unlink()
+        for folder in {path.parent for path in paths} - {out}:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def child_main(argv: list[str]) -> int:

@@ -122,3 +122,17 @@ def test_no_suite_keeps_its_own_clock():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert "time" not in names, f"{path.name} imports time"
+
+
+def test_tar_only_leaves_the_tarball_alone(tmp_path):
+    """--tar-only: a device call returns at most 8 files, so the output folder keeps one."""
+    from flashlab.bench.runner import _pack
+    (tmp_path / "h200" / "mqar-training").mkdir(parents=True)
+    files = [tmp_path / "h200" / "a.json", tmp_path / "h200" / "a.log", tmp_path / "h200" / "mqar-training" / "m.csv",
+             tmp_path / "run.log"]
+    for path in files:
+        path.write_text(path.name)
+    _pack(tmp_path, [*files[:2], files[2].parent, files[3]], tar_only=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.tar.gz"]
+    with tarfile.open(tmp_path / "records.tar.gz") as tar:
+        assert set(tar.getnames()) >= {"h200/a.json", "h200/a.log", "h200/mqar-training/m.csv", "run.log"}
