@@ -57,8 +57,8 @@ class Run:
         self.device = ctx.device
         self.current_step = None        # which step's kernels are launching (for the resources)
         self.record = ctx.record
-        self.record.update({"mode": "smoke (CPU interpreter)" if self.smoke else "gpu", "budget_s": ctx.budget_s,
-                            "targets": TARGETS,
+        self.record.update({"mode": "smoke (CPU interpreter)" if self.smoke else "gpu",
+                            "budget_s": round(ctx.budget_s, 1), "targets": TARGETS,
                             "ladder": [{"step": "0 today", "change": "the course kernel (flashlab.kernels.dense) "
                                         "at its default tiles (autotuning off)"}]
                             + [{"step": s.name, "change": s.change, "flags": s.flags()} for s in LADDER],
