@@ -555,7 +555,7 @@ def _math_sdpa_grads(q, k, v, mask, grad, dtype, **options):
     """Output and gradients (q, k, v, mask) of SDPA's math backend in ``dtype``: softmax differentiated
     as composed. Its fused CPU backend (what the default dispatch picks on a CPU) keeps only each row's
     log-sum-exp, as the kernels do, and loses log(Nk) beside a score of −3.4e38: its gradients of a
-    row masked everywhere with finfo.min are Nk times these (measurements/masked_rows_grad_check.py)."""
+    row masked everywhere with finfo.min are Nk times these (a one-off check, in git history)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v, mask = (t.detach().to(dtype).requires_grad_() for t in (q, k, v, mask))
     with sdpa_kernel(SDPBackend.MATH):
