@@ -13,17 +13,19 @@ from flashlab.train.tsp import AttentionModel, random_instances
 
 
 def benchmark_encoder(node_counts, batch: int = 64, attention_names=("naive", "sdpa", "flashlab"),
-                      dtype=torch.bfloat16, device=None, warmup_ms: int = 25, rep_ms: int = 100) -> list[dict]:
+                      dtype=torch.bfloat16, device=None, warmup_ms: int = 25, rep_ms: int = 100,
+                      tokens: int | None = None) -> list[dict]:
     """Time the Attention Model's encoder (3 layers, 8 heads, width 128) for each attention
     implementation and number of nodes: forward and forward+backward under autocast to
     ``dtype`` (fp32 on CPU), with the extra memory of a forward+backward on CUDA. The
-    number of instances shrinks with N so that batch·N stays at ``batch``·max(10, N_min)."""
+    number of instances shrinks with N so that batch·N stays at ``tokens`` (default
+    ``batch``·max(10, N_min))."""
     from tqdm.auto import tqdm
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     autocast_dtype = dtype if device == "cuda" else None
     rows = []
-    tokens = batch * max(10, min(node_counts))
+    tokens = tokens or batch * max(10, min(node_counts))
     for n in tqdm(list(node_counts), desc="encoder benchmark"):
         instances = max(1, tokens // n)
         coords = random_instances(instances, n, seed=n, device=device)

@@ -1,6 +1,7 @@
-"""Results measured on a GPU and committed to the repository under ``results/<gpu>/*.json``,
-so that readers without one see real numbers, labelled with where and when they were
-measured; and `environment`, the label every new measurement carries.
+"""The records of measurement suites committed to the repository, ``results/<gpu>/<name>.json``
+(the current record of each suite, `flashlab.bench.suites`), so that readers without a GPU see
+real numbers, labelled with where and when they were measured; and `environment`, the label
+every new record carries.
 
 The recorded files are data of the FlashLab repository, not of the installed package: they
 are found in the clone this package was installed from (``pip install -e .``), or in the
@@ -34,15 +35,29 @@ def environment() -> dict:
     }
 
 
-def load_recorded(name: str, gpu: str = "h200") -> dict | None:
-    """The committed result ``results/<gpu>/<name>.json``, or None if the repository has none.
-    Raises FileNotFoundError, in one line, when there is no repository to read from."""
+def _repository() -> Path:
     if not RESULTS_DIR.is_dir():
         raise FileNotFoundError(f"recorded results: {RESULTS_DIR} does not exist; they are data of the FlashLab "
                                 "repository, so install flashlab from a clone (pip install -e .) or set "
                                 "FLASHLAB_RESULTS_DIR to a clone's results/ folder.")
-    path = RESULTS_DIR / gpu / f"{name}.json"
+    return RESULTS_DIR
+
+
+def load(suite: str, gpu: str = "h200") -> dict | None:
+    """The current record of ``suite`` on ``gpu``, ``results/<gpu>/<suite>.json`` (a suite's record
+    name, `python -m flashlab.bench list`), or None if none was recorded there. Raises
+    FileNotFoundError, in one line, when there is no repository to read from."""
+    path = _repository() / gpu / f"{suite}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def folder(name: str, gpu: str = "h200") -> Path:
+    """``results/<gpu>/<name>/``: the files a record keeps beside it (a training run's metrics and
+    tours). Raises FileNotFoundError, in one line, when the repository or the folder is missing."""
+    path = _repository() / gpu / name
+    if not path.is_dir():
+        raise FileNotFoundError(f"recorded results: {path} does not exist; restore it with git checkout results/")
+    return path
 
 
 def describe(recorded: dict) -> str:
@@ -58,10 +73,10 @@ H200_DATASHEET = {"bf16_matmul_flops": 989e12, "hbm_bytes_per_s": 4.8e12}
 def roofline_peaks(gpu: str = "h200") -> dict:
     """The two numbers a roofline rests on, with where each comes from: the bf16 matmul rate and
     the HBM bandwidth a device-to-device copy reaches (read + write). Measured values come from
-    ``roofline_peaks.json`` (`measurements.roofline_peaks`); a bandwidth without that file from
-    the copy in ``decode_varlen.json``; a rate no run has recorded is the datasheet's (H200), and
-    says so. {"flops", "bytes_per_s", "flops_source", "bytes_source"}."""
-    peaks = load_recorded("roofline_peaks", gpu)
+    the roofline suite's record; a bandwidth without it from the copy in the decode-varlen
+    record; a rate no run has recorded is the datasheet's (H200), and says so.
+    {"flops", "bytes_per_s", "flops_source", "bytes_source"}."""
+    peaks = load("roofline", gpu)
     if peaks is not None:
         where = describe(peaks)
         return {"flops": peaks["bf16_matmul"]["tflops"] * 1e12, "bytes_per_s": peaks["copy"]["tb_per_s"] * 1e12,
@@ -71,7 +86,7 @@ def roofline_peaks(gpu: str = "h200") -> dict:
               "flops_source": "dense bf16 matmul, H200 datasheet (no measurement recorded yet)",
               "bytes_per_s": H200_DATASHEET["hbm_bytes_per_s"],
               "bytes_source": "HBM, H200 datasheet (no measurement recorded yet)"}
-    copy = load_recorded("decode_varlen", gpu)
+    copy = load("decode-varlen", gpu)
     if copy is not None:
         section = copy["sections"]["HBM bandwidth: 4 GiB device-to-device copy"]
         result["bytes_per_s"] = section["result"]["GBps_read_plus_write"] * 1e9

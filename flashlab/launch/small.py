@@ -119,8 +119,9 @@ class SmallConfig:
 
 # The fastest launch of each kernel measured on a GPU model, by padded head dimension and keys:
 # {"forward | 16 | 128": "64xall h1 w4", ...}, one file per model (named as the autotuner's
-# shipped decisions are), written from the small-path suite's launch choices (its record says
-# which). Other GPUs take the rule in `default_config`.
+# shipped decisions are), written by `python -m flashlab.bench ship-launches` from the
+# small-launches suite's record (test_flash_small checks that each is what its record gives).
+# Other GPUs take the rule in `default_config`.
 MEASURED_DIR = Path(__file__).with_name("tuned") / "small_path"
 
 

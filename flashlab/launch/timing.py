@@ -38,6 +38,42 @@ def time_ms(fn, device: str | None = None, warmup_ms: int = 25, rep_ms: int = 10
     return statistics.median(times)
 
 
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall_ms(fn, calls: int = 1, device: str | None = None, warmup: int = 0, repeats: int = 1) -> float:
+    """Wall-clock milliseconds per call of ``fn()`` run ``calls`` times back to back, the GPU
+    synchronised once before and once after: what a loop pays that neither flushes the cache nor
+    waits between calls, the host's time included where a call is shorter than its own launch
+    cost (`time_ms` times each call alone, after an L2 flush). Each of ``repeats`` rounds runs
+    ``warmup`` untimed calls first; the median round is returned."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rounds = []
+    for _ in range(repeats):
+        for _ in range(warmup):
+            fn()
+        _synchronize(device)
+        watch = Stopwatch()
+        for _ in range(calls):
+            fn()
+        _synchronize(device)
+        rounds.append(watch.seconds() * 1e3 / calls)
+    return statistics.median(rounds)
+
+
+class Stopwatch:
+    """Seconds since it was made: how long a piece of work took as a whole, compilation and
+    warm-up included (a time budget, a phase of a run), where `time_ms` and `wall_ms` time calls."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
 @contextlib.contextmanager
 def cpu_threads(n: int):
     """PyTorch's CPU ops on ``n`` intra-op threads for the duration. Timing small CPU shapes on a

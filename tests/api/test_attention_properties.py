@@ -7,8 +7,7 @@ Examples: FLASHLAB_PROPERTY_EXAMPLES (default 500 on CPU, where most run the int
 kernels at tiny sizes in about 70 s; 1500 on a GPU, where each new kernel specialisation
 compiles once, autotuning off). Derandomized: CI draws the same examples every run.
 FLASHLAB_PROPERTY_SEED=s draws another fixed set instead, so a GPU run can spread the examples
-over processes (each compiles its own specialisations; compilation dominates there):
-measurements/next_gpu_session.sh checks runs 8 seeds in parallel."""
+over processes (each compiles its own specialisations; compilation dominates there)."""
 
 import math
 import os

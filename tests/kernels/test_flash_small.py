@@ -315,7 +315,7 @@ def _check_the_rule():
     assert flash_small.default_config("backward", 128, 128, cuda) == flash_small.SmallConfig(32)
     assert flash_small.default_config("backward", 50, 50, cuda) == flash_small.SmallConfig(64)
     assert flash_small.default_config("backward", 1, 100, cuda) == flash_small.SmallConfig(16)
-    # D = 16, as measured on an H200 (results/h200/small_graphs_choices.json): 64-row backward tiles
+    # D = 16, as an earlier small-launches run measured it on an H200: 64-row backward tiles
     # at 100 keys, 16-row tiles with 2 warps up to 32 keys; other head dimensions unchanged
     assert flash_small.default_config("backward", 100, 100, cuda, 16) == flash_small.SmallConfig(64)
     assert flash_small.default_config("backward", 50, 50, cuda, 16) == flash_small.SmallConfig(64)
@@ -329,18 +329,18 @@ def _check_the_rule():
 
 
 def test_measured_launches_are_what_the_records_give():
-    """Each flashlab/tuned/small_path/<gpu>.json is `measurements.small_defaults` run on the
-    records it names: no launch in it was typed by hand, and a new record changes it only
-    through the script."""
-    from measurements import small_defaults
+    """Each flashlab/tuned/small_path/<gpu>.json is ``python -m flashlab.bench ship-launches`` run on
+    the small-launches records it names: no launch in it was typed by hand, and a new record
+    changes it only through that command."""
+    from flashlab.bench.suites.small_launches import write_launches_file
     files = sorted(flash_small.MEASURED_DIR.glob("*.json"))
     assert "nvidia-h200.json" in [path.name for path in files]
     for path in files:
         table = json.loads(path.read_text())
         assert path == flash_small.measured_path(table["gpu"])
-        records = [ROOT / source.split(" (")[0] for source in table["source"]]
+        records = [ROOT / source for source in table["source"]]
         assert records and all(record.exists() for record in records), table["source"]
-        assert small_defaults.main([*map(str, records), "--check"]) == 0
+        assert write_launches_file(records, check=True) == 0
         assert all(flash_small.SmallConfig.parse(text) for text in table["decisions"].values())
 
 

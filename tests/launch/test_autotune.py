@@ -21,7 +21,7 @@ CUDA = torch.cuda.is_available()
 HOPPER, A100, ADA = 232448, 166912, 101376        # shared memory per block (opt-in), bytes
 
 # Shared memory of compiled kernels as Triton reported it on an H200 (Triton 3.6, bf16;
-# results/h200/kernel_resources.json): (kernel, D, BLOCK_M, BLOCK_N, num_stages) → bytes.
+# results/h200/kernel-resources.json): (kernel, D, BLOCK_M, BLOCK_N, num_stages) → bytes.
 MEASURED_BF16 = {
     ("forward", 64, 128, 64, 3): 65536, ("forward", 64, 64, 64, 4): 73728,
     ("forward", 128, 128, 128, 3): 229376, ("forward", 128, 128, 32, 3): 81920,
@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:flashlab. tuning the attention 
 
 def test_shared_memory_estimate_matches_every_recorded_kernel():
     """Every forward/dkdv/dq row the H200 run recorded (the file is data beside the code)."""
-    path = ROOT / "results" / "h200" / "kernel_resources.json"
+    path = ROOT / "results" / "h200" / "kernel-resources.json"
     if not path.exists():
         pytest.skip("needs the repository's results/")
     names = {"flash_forward_kernel": "forward", "flash_backward_dkdv_kernel": "dkdv", "flash_backward_dq_kernel": "dq"}

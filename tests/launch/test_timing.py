@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from flashlab.launch.timing import PEAK_FLOPS, attention_flops, extra_memory, peak_flops, time_ms
+from flashlab.launch.timing import PEAK_FLOPS, Stopwatch, attention_flops, extra_memory, peak_flops, time_ms, wall_ms
 
 
 def test_flops_are_counted_as_the_papers_do():
@@ -53,3 +53,17 @@ def test_cpu_timing_honours_warmup_and_rep_ms():
     calls.clear()
     time_ms(quick, "cpu", warmup_ms=0, rep_ms=0, cpu_runs=7)
     assert len(calls) == 1 + 7                     # one warm-up call, then cpu_runs
+
+
+def test_wall_clock_timer_counts_back_to_back_calls_after_the_warm_up():
+    """wall_ms: each round runs ``warmup`` untimed calls, then ``calls`` timed together; the median
+    round's time per call. A call that sleeps 3 ms (then 30 ms in one round of three) reads ~3 ms."""
+    calls = []
+    assert wall_ms(lambda: calls.append(1), calls=3, device="cpu", warmup=2, repeats=4) < 5
+    assert len(calls) == (2 + 3) * 4
+    naps = iter([0.003] * 5 + [0.030] * 5 + [0.003] * 5)
+    ms = wall_ms(lambda: time.sleep(next(naps)), calls=5, device="cpu", repeats=3)
+    assert 2.9 < ms < 15, ms                                    # the median round, not the mean
+    watch = Stopwatch()
+    time.sleep(0.01)
+    assert 0.009 < watch.seconds() < 1
