@@ -15,7 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashlab.launch import runtime
-from flashlab.launch.interpreter_notice import InterpreterWarning, count_interpreted, interpreter_tiles  # noqa: F401
+from flashlab.launch.interpreter_notice import (  # noqa: F401
+    InterpreterWarning,
+    count_interpreted,
+    interpreter_tiles,
+    note_pytorch_path,
+)
 from flashlab.launch.layouts import unpack_qkv
 from flashlab.launch.runtime import input_precision
 from flashlab.launch.spec import AttentionSpec
@@ -45,7 +50,10 @@ def interpreted_tiles_allowed(tiles: int) -> bool:
     """Whether a CPU call of this many 32 × 32 tiles runs the interpreted kernels (counted towards
     the once-a-process `InterpreterWarning`) rather than a PyTorch path: ``tiles`` within
     `_cpu_tile_limit`. `decode_attention` and `varlen_attention` ask it too."""
-    if tiles > _cpu_tile_limit():
+    limit = _cpu_tile_limit()
+    if tiles > limit:
+        if limit:                                   # the kernels are on, but this call is too large for them
+            note_pytorch_path(tiles, limit, stacklevel=4)
         return False
     count_interpreted(tiles, stacklevel=4)
     return True
@@ -116,7 +124,10 @@ def _uses_kernels(q, k, v, attn_mask, dropout_p, band=None) -> bool:
             # into an assertion that fails inside the program's own declared range; the PyTorch path
             # (plain operations) runs at every size
             return False
-        return interpreter_tiles(q, k, band) <= _cpu_tile_limit()
+        tiles, limit = interpreter_tiles(q, k, band), _cpu_tile_limit()
+        if tiles > limit and limit and not torch.compiler.is_compiling():
+            note_pytorch_path(tiles, limit, stacklevel=6)     # the user's call: attention → plan → here
+        return tiles <= limit
     return True
 
 

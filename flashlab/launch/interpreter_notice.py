@@ -21,6 +21,7 @@ import warnings
 INTERPRETER_BLOCK = 32           # the interpreted kernels' tile (autotune.INTERPRETER's), 32 × 32
 INTERPRETER_NOTICE_TILES = 2048
 _interpreted_tiles = 0           # forward tiles this process has given the interpreter so far
+_told_of_pytorch_path = False    # whether this process has been told a CPU call left the kernels
 
 
 class InterpreterWarning(UserWarning):
@@ -64,3 +65,18 @@ def count_interpreted(tiles: int, stacklevel: int = 3) -> None:
             "speed, set FLASHLAB_CPU_KERNELS=0 (the PyTorch path: the same results within rounding, for masks "
             "without NaN or +inf). Said once.",
             InterpreterWarning, stacklevel=stacklevel)
+
+
+def note_pytorch_path(tiles: int, limit: int, stacklevel: int = 3) -> None:
+    """A CPU call over the interpreter's tile limit takes the PyTorch path instead of the kernels:
+    said once a process (`InterpreterWarning`), so that someone timing "the kernel" on a CPU learns
+    they timed other code."""
+    global _told_of_pytorch_path
+    if _told_of_pytorch_path or type(tiles) is not int:
+        return
+    _told_of_pytorch_path = True
+    warnings.warn(
+        f"flashlab.attention: this CPU call has {tiles:,} tiles of 32 × 32, more than the {limit:,} the "
+        "interpreted Triton kernels take on a CPU, so it ran flashlab's PyTorch path (tiled attention in plain "
+        "PyTorch), not the kernels. Timings of such calls are not the kernels'; run the kernels at full size on a "
+        "GPU. Said once.", InterpreterWarning, stacklevel=stacklevel)

@@ -788,6 +788,29 @@ def test_many_interpreted_tiles_say_once_how_to_switch(monkeypatch):
     assert notice._interpreted_tiles == 0
 
 
+def test_a_cpu_call_too_large_for_the_kernels_says_so_once(monkeypatch):
+    """A learner timing "the kernel" on a CPU above the interpreter's tile limit timed the PyTorch path
+    without knowing it (N = 1024 ran faster than N = 200): the first such call says so, at the caller's
+    line, once; with FLASHLAB_CPU_KERNELS=0 (the PyTorch path asked for) nothing is said."""
+    import flashlab.api.attention as api
+    from flashlab.launch import interpreter_notice as notice
+    monkeypatch.setattr(notice, "_told_of_pytorch_path", False)
+    monkeypatch.setattr(api, "INTERPRETER_MAX_TILES", 3)
+    q, k, v = (torch.randn(1, 2, 70, 16) for _ in range(3))     # 18 tiles of 32 × 32 > 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attention(q, k, v)
+        attention(q, k, v, is_causal=True)                      # another signature: not said again
+    notices = [w for w in caught if issubclass(w.category, flashlab.InterpreterWarning)]
+    assert len(notices) == 1 and "PyTorch path" in str(notices[0].message) and "18 tiles" in str(notices[0].message)
+    assert notices[0].filename == __file__, "points at the caller's line, not flashlab's"
+    monkeypatch.setattr(notice, "_told_of_pytorch_path", False)
+    monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention(q, k, v, scale=0.5)
+
+
 def test_seed_is_drawn_outside_the_op_and_replayed_in_backward():
     """Dropout through the op: the same torch seed gives the same output and gradients."""
     q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))

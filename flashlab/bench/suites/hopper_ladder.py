@@ -22,7 +22,11 @@ from flashlab.api.attention import attention
 from flashlab.bench.suite import Context, Suite
 from flashlab.kernels import dense as flash_triton
 from flashlab.kernels import hopper as kernels
-from flashlab.launch.hopper import LADDER, Tiles, hopper_backward, hopper_forward
+from flashlab.launch import gluon
+from flashlab.launch.hopper import LADDER, Tiles
+from flashlab.launch.hopper import backward as hopper_backward_spec
+from flashlab.launch.hopper import forward as hopper_forward_spec
+from flashlab.launch.spec import AttentionSpec
 from flashlab.launch.timing import Stopwatch, attention_flops, time_ms
 from flashlab.reference.float64 import TOLERANCE, reference_attention, reference_gradients, rel_error
 
@@ -30,6 +34,19 @@ TARGETS = {"forward_vs_cudnn": 0.90, "forward_vs_flash": 1.4, "fwd_bwd_vs_cudnn"
 SMOKE_TILES = {"forward": Tiles(32, 16, 4, 1), "dkdv": Tiles(16, 32, 4, 1), "dq": Tiles(32, 16, 4, 1)}
 FINAL = LADDER[-1]
 RUN = None     # the run in progress (forward_backward tags the kernels it compiles with its step)
+# The Gluon steps (flashlab.kernels.gluon_hopper): the forward each, the final step's backward after it
+GLUON_STEPS = (("5 gluon: warp-specialised", dict(overlap=False, pingpong=False)),
+               ("6 gluon: + intra-warpgroup overlap", dict(overlap=True, pingpong=False)),
+               ("7 gluon: + ping-pong", dict(overlap=True, pingpong=True)))
+
+
+def hopper_forward(q, k, v, causal, scale, step, tiles=None):
+    return hopper_forward_spec(q, k, v, AttentionSpec(scale, causal), step, tiles=tiles)
+
+
+def hopper_backward(q, k, v, out, lse, grad_out, causal, scale, step, dkdv_tiles=None, dq_tiles=None):
+    return hopper_backward_spec(q, k, v, out, lse, grad_out, AttentionSpec(scale, causal), step,
+                                dkdv_tiles=dkdv_tiles, dq_tiles=dq_tiles)
 
 
 @contextmanager
@@ -130,6 +147,62 @@ def check(run: Run, step, name, dtype, causal, n, d, fwd=None, dkdv=None, dq=Non
     print(f"    {name:22} {row['dtype']:8} {'causal' if causal else 'full':6} N={n:<5} D={d:<3} "
           f"{row['tiles'] if step is None else str(fwd) + ' | ' + str(dkdv) + ' | ' + str(dq)}: "
           + " ".join(f"{w} {e:.1e}" for w, e in errors.items()) + ("  ok" if row["ok"] else "  FAILED"), flush=True)
+
+
+def check_gluon(run: Run):
+    """The Gluon forward of each step against float64: output and log-sum-exp (its backward is the
+    final step's, checked above), GQA included, N a multiple of 128 as the kernel takes."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for d in (64, 128):
+            for causal in (False, True):
+                for name, options in GLUON_STEPS:
+                    if run.over_budget():
+                        return False
+                    torch.manual_seed(0)
+                    q = torch.randn(2, 4, 1024, d, device=run.device, dtype=dtype)
+                    k, v = (torch.randn(2, 2, 1024, d, device=run.device, dtype=dtype) for _ in range(2))
+                    out, lse = gluon.forward(q, k, v, AttentionSpec(d ** -0.5, causal), **options)
+                    k2, v2 = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+                    ref = reference_attention(q, k2, v2, is_causal=causal)
+                    scores = q.double() @ k2.double().transpose(-1, -2) * d ** -0.5
+                    if causal:
+                        scores = scores.masked_fill(torch.ones(1024, 1024, dtype=torch.bool, device=run.device
+                                                               ).triu(1), float("-inf"))
+                    lse_err = float((lse.double() - torch.logsumexp(scores, -1) / math.log(2)).abs().max())
+                    errors = {"out": rel_error(out, ref), "lse_max_abs": lse_err}
+                    tol = TOLERANCE[dtype]
+                    row = {"step": name, "dtype": str(dtype).replace("torch.", ""), "causal": causal, "N": 1024,
+                           "D": d, "tiles": "128x128, heads 4 over 2 k/v heads", "errors": errors, "tolerance": tol,
+                           "ok": errors["out"] <= tol and lse_err < 1e-3}
+                    run.record["correctness"].append(row)
+                    print(f"    {name:36} {row['dtype']:8} {'causal' if causal else 'full':6} D={d:<3} "
+                          f"out {errors['out']:.1e} lse {lse_err:.1e}" + ("  ok" if row["ok"] else "  FAILED"),
+                          flush=True)
+
+
+def measure_gluon(run: Run, dtype):
+    """Forward TFLOP/s of each Gluon step; forward+backward with the final step's backward."""
+    bench = timer(run)
+    for b, h, n, d in perf_shapes(run):
+        for causal in (False, True):
+            q, k, v, grad_out = (torch.randn(b, h, n, d, device=run.device, dtype=dtype) for _ in range(4))
+            spec = AttentionSpec(d ** -0.5, causal)
+            out, lse = gluon.forward(q, k, v, spec)
+            bwd_ms = bench(lambda: hopper_backward_spec(q, k, v, out, lse, grad_out, spec))
+            for name, options in GLUON_STEPS:
+                if run.over_budget():
+                    return False
+                run.current_step = name
+                fwd_ms = bench(lambda options=options: gluon.forward(q, k, v, spec, **options))
+                row = {"step": name, "dtype": str(dtype).replace("torch.", ""), "B": b, "H": h, "N": n, "D": d,
+                       "causal": causal, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_ms + bwd_ms, "bwd_ms": bwd_ms,
+                       "fwd_tflops": tflops(b, h, n, d, causal, "fwd", fwd_ms),
+                       "bwd_tflops": tflops(b, h, n, d, causal, "bwd", bwd_ms),
+                       "fwd_bwd_tflops": tflops(b, h, n, d, causal, "fwd+bwd", fwd_ms + bwd_ms),
+                       "tiles": {"forward": "128x128 (Gluon)", "backward": "the final step's"}, "tuning_s": 0.0}
+                run.record["performance"].append(row)
+                print(f"    {name:36} {row['dtype']:8} N={n:<5} D={d:<3} {'causal' if causal else 'full':6} "
+                      f"fwd {row['fwd_tflops']:.3g} TFLOP/s, fwd+bwd {row['fwd_bwd_tflops']:.3g}", flush=True)
 
 
 def correctness_cases(run: Run):
@@ -337,7 +410,7 @@ def summarise(run: Run):
                 "no_spills": (not any(spills)) if spills else None})
     run.record["target_rows"] = targets
     table, kept_mean, anchor_shapes = [], None, 0
-    for name in ["0 today"] + [s.name for s in LADDER]:
+    for name in ["0 today"] + [s.name for s in LADDER] + [name for name, _ in GLUON_STEPS]:
         rows = [r for r in run.record["performance"] if r["step"] == name
                 and r["dtype"] == ("float32" if run.smoke else "bfloat16")]
         regs = [r for r in run.record["resources"] if r["step"] == name]
@@ -388,6 +461,12 @@ def run(ctx: Context) -> None:
         run.section(f"speed: step {name}, {'float32' if run.smoke else 'bfloat16'}",
                     lambda step=step, name=name: measure_step(run, step, name, final_dtypes[0]))
     summarise(run)
+    if not run.smoke and torch.cuda.get_device_capability()[0] == 9:      # the Gluon kernel is sm_90's
+        run.section("correctness: the Gluon forward", lambda: check_gluon(run))
+        for dtype in final_dtypes:
+            tag = str(dtype).replace("torch.", "")
+            run.section(f"speed: the Gluon forward, {tag}", lambda dtype=dtype: measure_gluon(run, dtype))
+        summarise(run)
     run.section("correctness: every step and candidate", lambda: correctness_ladder(run))
     summarise(run)
     failed = [r for r in run.record["correctness"] if not r["ok"]]

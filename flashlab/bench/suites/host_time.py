@@ -95,17 +95,21 @@ class ThinSmallAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v):
         from flashlab.launch import small as flash_small
-        out, lse = flash_small.small_forward(q, k, v, q, (0, 0, 0, 0), False, False, 0.0, 0, False,
-                                             q.shape[-1] ** -0.5, "ieee")
+        from flashlab.launch.masks import MaskArgs
+        from flashlab.launch.spec import AttentionSpec
+        out, lse = flash_small.forward(q, k, v, MaskArgs(q, (0, 0, 0, 0), False, False),
+                                       AttentionSpec(q.shape[-1] ** -0.5))
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         from flashlab.launch import small as flash_small
+        from flashlab.launch.masks import MaskArgs
+        from flashlab.launch.spec import AttentionSpec
         q, k, v, out, lse = ctx.saved_tensors
-        return flash_small.small_backward(q, k, v, out, lse, grad.contiguous(), q, (0, 0, 0, 0), False, False, 0.0,
-                                          0, False, q.shape[-1] ** -0.5, "ieee")
+        return flash_small.backward(q, k, v, out, lse, grad.contiguous(), MaskArgs(q, (0, 0, 0, 0), False, False),
+                                    AttentionSpec(q.shape[-1] ** -0.5))
 
 
 def pieces(n: int, d: int, calls: int) -> dict:
@@ -113,7 +117,7 @@ def pieces(n: int, d: int, calls: int) -> dict:
     from flashlab.api.attention import attention
     from flashlab.launch import direct as direct_launch
     from flashlab.launch import small as flash_small
-    from flashlab.launch.small import LOG2E, small_forward_kernel
+    from flashlab.launch.small import small_forward_kernel
     from flashlab.launch.timing import time_graph_ms
     q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn_like(q)
@@ -150,7 +154,7 @@ def pieces(n: int, d: int, calls: int) -> dict:
     ops.forward_kernels(qd, kd, vd, None, 0.0, None, False, scale, "ieee")     # makes the plan
     plan = next(p for key, p in flash_small._plans.items() if key[0] == "forward" and key[1] == qd.shape)
     grid, ints, constants = plan[:3]
-    args = (qd, kd, vd, qd, o, l_, *ints, scale * LOG2E, 0, 0.0, 0)        # ..., seed, dropout_p, l_fix_offset
+    args = (qd, kd, vd, qd, o, l_, *ints, 0, 0.0, 0)    # ints end with qk_scale, softcap; then seed, dropout_p, l_fix
     row["launch_fwd_triton"] = wall_us(lambda: small_forward_kernel[grid](*args, **constants), calls)
     with direct(True):
         row["launch_fwd_direct"] = wall_us(lambda: direct_launch.launch(small_forward_kernel, plan, grid, args, 6,

@@ -15,9 +15,9 @@ import tempfile
 
 from flashlab.bench.suite import Context, Suite
 
-FLOATS = ("qk_scale", "sm_scale", "dropout_p")
+FLOATS = ("qk_scale", "sm_scale", "softcap", "dropout_p")
 FP32_POINTERS = ("L", "DELTA")
-FLAGS = dict(HAS_MASK=False, MASK_IS_BOOL=False, MASK_ROW_SHARED=False, DROPOUT=False, HAS_WINDOW=False,
+FLAGS = dict(HAS_MASK=False, MASK_IS_BOOL=False, MASK_ROW_SHARED=False, DROPOUT=False, HAS_WINDOW=False, SOFTCAP=False,
              EVEN_D=True, INPUT_PRECISION="ieee")
 
 
