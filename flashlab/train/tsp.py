@@ -182,12 +182,17 @@ class AttentionModel(nn.Module):
         return DecoderCache(nodes, self.project_graph(nodes.mean(1)), split(glimpse_k), split(glimpse_v), logit_k)
 
     def forward(self, coords: torch.Tensor, decode: str = "greedy", trace: list | None = None, *,
-                first_city: torch.Tensor | None = None, temperature: float = 1.0,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                multi_start: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Tours ``(batch, n)`` and the sum of their log-probabilities ``(batch,)``: the encoder,
-        then `decode` (whose arguments these are)."""
-        return self.decode(self.precompute(self.encode(coords)), decode, trace, first_city=first_city,
-                           temperature=temperature, generator=generator)
+        then `decode`. ``multi_start``: n tours per instance, one from each city as the first
+        (POMO), ``(batch · n, n)`` with each instance's tours side by side; the instance is
+        encoded once."""
+        cache, first_city = self.precompute(self.encode(coords)), None
+        if multi_start:
+            batch, n, _ = coords.shape
+            cache = cache.repeat_interleave(n)
+            first_city = torch.arange(n, device=coords.device).repeat(batch)
+        return self.decode(cache, decode, trace, first_city=first_city)
 
     def decode(self, cache: DecoderCache, decode: str = "greedy", trace: list | None = None, *,
                first_city: torch.Tensor | None = None, temperature: float = 1.0,

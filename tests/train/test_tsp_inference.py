@@ -57,8 +57,8 @@ def test_a_forced_first_city_starts_the_tour_with_the_context_first_first(tiny, 
     real = tiny.project_step.forward
     monkeypatch.setattr(tiny.project_step, "forward", lambda x: contexts.append(x) or real(x))
     with torch.no_grad():
-        tours, log_p = tiny(coords, first_city=first)
         nodes = tiny.encode(coords)
+        tours, log_p = tiny.decode(tiny.precompute(nodes), first_city=first)
     tour_length(coords, tours)                           # raises unless each row is a permutation
     assert torch.equal(tours[:, 0], first) and len(contexts) == 6    # n − 1 decoded steps
     rows = torch.arange(4)
@@ -74,9 +74,12 @@ def test_rollouts_are_one_call_per_view_and_start(tiny):
     tours = rollouts(tiny, coords, augment=8, starts=7)
     assert tours.shape == (3, 56, 7)
     views = symmetric_views(coords).flatten(0, 1)                   # (3 · 8, 7, 2)
+    cache = tiny.precompute(tiny.encode(views))
     for start in range(7):
-        one, _ = tiny(views, first_city=torch.full((24,), start))
+        one, _ = tiny.decode(cache, first_city=torch.full((24,), start))
         assert torch.equal(tours[:, start::7], one.view(3, 8, 7)), start
+    every, _ = tiny(coords, multi_start=True)                      # the training step's multi-start
+    assert torch.equal(every.view(3, 7, 7), tours[:, :7])
     own, _ = tiny(coords)
     assert torch.equal(rollouts(tiny, coords)[:, 0], own)          # augment 1, no starts: plain greedy
     sampled = rollouts(tiny, coords, starts=3, samples=2, generator=torch.Generator().manual_seed(0))
