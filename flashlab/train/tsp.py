@@ -1,6 +1,7 @@
 """The travelling salesman problem for the capstone: instances, tour lengths, two classic
-construction heuristics, and the Attention Model of Kool, van Hoof and Welling (ICLR 2019)
-with its attention running through `flashlab.attention`.
+construction heuristics, the Attention Model of Kool, van Hoof and Welling (ICLR 2019) with its
+attention running through `flashlab.attention`, and inference that decodes many tours per
+instance and keeps the shortest (POMO's multi-start and ×8 augmentation, sampling).
 
 Instances are ``(batch, n, 2)`` coordinates, uniform in the unit square; a tour is a
 ``(batch, n)`` permutation of node indices, closed (the salesman returns to the start).
@@ -270,7 +271,8 @@ def rollouts(model: AttentionModel, coords: torch.Tensor, augment: int = 1, star
     of the first ``augment`` `symmetric_views` of an instance (1: the instance itself; 8: all)
     is encoded once; its `DecoderCache` is repeated for each first city 0 … ``starts`` − 1
     (0: the model picks its first city itself) and, with ``samples`` > 0, for each of that
-    many sampled tours (0: greedy). R = augment · max(starts, 1) · max(samples, 1)."""
+    many sampled tours (0: greedy). R = augment · max(starts, 1) · max(samples, 1). The model
+    runs in the mode it is in (`best_tours` puts it in evaluation mode)."""
     batch, n, _ = coords.shape
     views = symmetric_views(coords)[:, :augment].flatten(0, 1)             # (batch · augment, n, 2)
     per_view = max(starts, 1) * max(samples, 1)
@@ -330,20 +332,22 @@ def best_tours(model: AttentionModel, coords: torch.Tensor, augment: int = 1, st
     return torch.cat([tours for tours, _ in best]), torch.cat([lengths for _, lengths in best])
 
 
-def multi_start_greedy(model: AttentionModel, coords: torch.Tensor, augment: int = 1, max_rollouts: int = 4096):
+def multi_start_greedy(model: AttentionModel, coords: torch.Tensor, augment: int = 1, max_rollouts: int = 4096
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """POMO's inference (Kwon et al., NeurIPS 2020): a greedy tour from every city as the
     first, n tours per instance (8n with ``augment=8``), the shortest kept."""
     return best_tours(model, coords, augment=augment, starts=coords.shape[1], max_rollouts=max_rollouts)
 
 
-def augmented_greedy(model: AttentionModel, coords: torch.Tensor, max_rollouts: int = 4096):
+def augmented_greedy(model: AttentionModel, coords: torch.Tensor, max_rollouts: int = 4096
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """POMO's ×8 augmentation alone: the model's greedy tour on each of the 8
     `symmetric_views` of an instance, the shortest kept."""
     return best_tours(model, coords, augment=8, max_rollouts=max_rollouts)
 
 
 def sampled_best(model: AttentionModel, coords: torch.Tensor, samples: int, temperature: float = 1.0,
-                 seed: int = 0, max_rollouts: int = 4096):
+                 seed: int = 0, max_rollouts: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Kool et al.'s sampling: ``samples`` tours per instance drawn from the policy (its
     softmax at ``temperature``), the shortest kept (they report 1,280 samples)."""
     return best_tours(model, coords, samples=samples, temperature=temperature, seed=seed, max_rollouts=max_rollouts)
