@@ -144,8 +144,9 @@ class DecoderCache(NamedTuple):
     logit_k: torch.Tensor     # (batch, n, dim) the pointer's keys
 
     def repeat_interleave(self, times: int) -> DecoderCache:
-        """Each instance's rows ``times`` times in a row: its tours side by side in the batch."""
-        return DecoderCache(*(t.repeat_interleave(times, dim=0) for t in self))
+        """Each instance's rows ``times`` times in a row: its tours side by side in the batch.
+        (An expand and a copy: no index tensor, so nothing waits on a GPU or breaks a CUDA graph.)"""
+        return DecoderCache(*(t[:, None].expand(-1, times, *t.shape[1:]).flatten(0, 1) for t in self))
 
 
 class AttentionModel(nn.Module):
