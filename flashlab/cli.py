@@ -519,14 +519,14 @@ def _eval_tsp_options(p) -> None:
     spend.add_argument("--augment", type=int, choices=[1, 8], default=1,
                        help="8: decode each instance's 8 symmetric views, its flips and the swap of x and y "
                             "(POMO's augmentation); default 1")
-    spend.add_argument("--samples", type=NON_NEGATIVE, default=0,
+    spend.add_argument("--samples", type=NON_NEGATIVE, default=0, metavar="K",
                        help="K > 0: sample K tours (per start and view) instead of decoding greedily (Kool et al.: "
                             "1280); default 0")
-    spend.add_argument("--temperature", type=_bounded(float, low=0, low_open=True), default=None,
+    spend.add_argument("--temperature", type=_bounded(float, low=0, low_open=True), default=None, metavar="T",
                        help="softmax temperature of --samples, > 0 (default 1: the model's own probabilities)")
-    spend.add_argument("--sampling-seed", type=_bounded(int, low=0, high=2**64 - 1), default=0,
+    spend.add_argument("--sampling-seed", type=_bounded(int, low=0, high=2**64 - 1), default=0, metavar="SEED",
                        help="seed of --samples' random numbers (default 0)")
-    spend.add_argument("--max-rollouts", type=POSITIVE, default=None,
+    spend.add_argument("--max-rollouts", type=POSITIVE, default=None, metavar="R",
                        help=f"tours decoded at once, which bounds memory (default {EVAL_MAX_ROLLOUTS['cpu']} on a "
                             f"CPU, {EVAL_MAX_ROLLOUTS['cuda']} on a GPU)")
 
