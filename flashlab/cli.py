@@ -13,7 +13,8 @@
   tune              tune the attention kernels for a list of shapes ahead of training
                     (flashlab.api.pretune; python -m flashlab tune --help)
   eval-tsp          evaluate a TSP Attention Model checkpoint: mean greedy tour length, gap
-                    to the published optimum, heuristics; --save-tours writes instances and tours
+                    to the published optimum, heuristics; --save-tours writes instances and tours;
+                    --multi-start, --augment 8, --samples K: many tours per instance, the shortest
   export-tsp        write the policy of a training-state checkpoint as am_tspN.pt (a run that
                     was killed before its own export)
 
@@ -43,6 +44,7 @@ import torch
 
 from flashlab.train.checkpoint import CheckpointError
 from flashlab.train.config import ConfigError, OneLineErrorParser, check_value, describe_range, field_kind
+from flashlab.train.tsp import EVAL_MAX_ROLLOUTS
 
 
 class UsageError(Exception):
@@ -491,6 +493,10 @@ def _say_if_out_of_time(trainer) -> None:
 
 
 # ---------------------------------------------------------------- eval-tsp
+# tours decoded at once by eval-tsp: a GPU wants large batches (at 100 cities, 32768 tours' node embeddings
+# and decoder keys are 32768·100·4·128 floats, 6.7 GB in fp32); on a CPU larger batches gain little
+
+
 def _eval_tsp_options(p) -> None:
     p.add_argument("--checkpoint", required=True, help="a tsp-model checkpoint (am_tspN.pt, as train-tsp exports)")
     p.add_argument("--nodes", type=_bounded(int, low=3), default=None,
@@ -500,11 +506,43 @@ def _eval_tsp_options(p) -> None:
     p.add_argument("--seed", type=_bounded(int, low=0, high=2**64 - 1), default=1_234_567_891,
                    help="test-set seed, 0 ≤ seed < 2^64 as torch.manual_seed takes it (default 1234567891)")
     p.add_argument("--save-tours", help="write the test seed, tours and lengths to this .npz file "
-                                           "(flashlab.train.tsp.load_tours reads it)")
+                                           "(flashlab.train.tsp.load_tours reads it): the greedy tours, or the "
+                                           "shortest found with the options below")
     p.add_argument("--overwrite", action="store_true", help="replace --save-tours if it exists (refused otherwise)")
     p.add_argument("--attention", choices=["auto", "flashlab", "sdpa", "naive"], default="auto",
                    help="auto: flashlab on a GPU (compiled), SDPA on a CPU (the kernels would run in Triton's "
                         "interpreter: hours for 10,000 instances)")
+    spend = p.add_argument_group("inference that spends compute for quality: many tours per instance, the shortest "
+                                 "kept and reported beside greedy (flashlab.train.tsp.best_tours); they combine")
+    spend.add_argument("--multi-start", action="store_true",
+                       help="decode from every city as the first, n tours per instance (POMO's multi-start)")
+    spend.add_argument("--augment", type=int, choices=[1, 8], default=1,
+                       help="8: decode each instance's 8 symmetric views, its flips and the swap of x and y "
+                            "(POMO's augmentation); default 1")
+    spend.add_argument("--samples", type=NON_NEGATIVE, default=0, metavar="K",
+                       help="K > 0: sample K tours (per start and view) instead of decoding greedily (Kool et al.: "
+                            "1280); default 0")
+    spend.add_argument("--temperature", type=_bounded(float, low=0, low_open=True), default=None, metavar="T",
+                       help="softmax temperature of --samples, > 0 (default 1: the model's own probabilities)")
+    spend.add_argument("--sampling-seed", type=_bounded(int, low=0, high=2**64 - 1), default=0, metavar="SEED",
+                       help="seed of --samples' random numbers (default 0)")
+    spend.add_argument("--max-rollouts", type=POSITIVE, default=None, metavar="R",
+                       help=f"tours decoded at once, which bounds memory (default {EVAL_MAX_ROLLOUTS['cpu']} on a "
+                            f"CPU, {EVAL_MAX_ROLLOUTS['cuda']} on a GPU)")
+
+
+def _eval_tsp_inference(args) -> dict | None:
+    """The options of `flashlab.train.tsp.best_tours` that eval-tsp's flags ask for (None: greedy
+    alone), checked before any work."""
+    for option, name in (("--temperature", "temperature"), ("--sampling-seed", "sampling_seed")):
+        if name in args.given and not args.samples:
+            raise UsageError(f"{option}: only sampled tours use it; give --samples K too (or leave {option} out).")
+    if args.temperature is not None and not args.temperature < float("inf"):      # nan, inf
+        raise UsageError(f"--temperature: {args.temperature} is not a finite number; give a positive number.")
+    if not (args.multi_start or args.augment > 1 or args.samples):
+        return None
+    return {"augment": args.augment, "starts": args.nodes if args.multi_start else 0, "samples": args.samples,
+            "temperature": 1.0 if args.temperature is None else args.temperature, "seed": args.sampling_seed}
 
 
 def _eval_tsp(args) -> None:
@@ -514,7 +552,15 @@ def _eval_tsp(args) -> None:
 
     from flashlab.train.model import ATTENTION
     from flashlab.train.trainer import default_attention
-    from flashlab.train.tsp import PUBLISHED, evaluate, load_model, save_tours
+    from flashlab.train.tsp import (
+        PUBLISHED,
+        describe_inference,
+        evaluate,
+        gap_percent,
+        load_model,
+        save_tours,
+        timed_best_tours,
+    )
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     backend = args.attention if args.attention != "auto" else default_attention(device)
@@ -525,6 +571,7 @@ def _eval_tsp(args) -> None:
             raise UsageError(f"--nodes: {args.checkpoint} does not say how many cities it was trained on; "
                              f"give --nodes N.")
         args.nodes = trained_on
+    inference = _eval_tsp_inference(args)
     print(f"attention: {backend} on {device}")
     if isinstance(trained_on, int) and trained_on != args.nodes:
         print(f"  (trained on TSP{trained_on}, evaluated on TSP{args.nodes})")
@@ -533,9 +580,18 @@ def _eval_tsp(args) -> None:
     line = f"TSP{args.nodes}, {args.instances} instances (seed {args.seed}): greedy mean tour length {mean:.4f}"
     if args.nodes in PUBLISHED:
         optimal = PUBLISHED[args.nodes]["optimal"]
-        line += f", gap to the published optimum {optimal}: {100 * (mean / optimal - 1):.2f}%"
+        line += f", gap to the published optimum {optimal}: {gap_percent(mean, args.nodes):.2f}%"
         line += f" (Kool et al. AM greedy: {PUBLISHED[args.nodes]['am_greedy']})"
-    print(line)
+    print(f"{line}; {1e3 * result['seconds'] / args.instances:.3g} ms per instance")
+    if inference:
+        max_rollouts = args.max_rollouts or EVAL_MAX_ROLLOUTS[device]
+        tours, lengths, seconds = timed_best_tours(model, result["coords"], **inference, max_rollouts=max_rollouts)
+        result["tours"], result["lengths"] = tours, lengths          # what --save-tours writes
+        best = lengths.mean().item()
+        gap = gap_percent(best, args.nodes)
+        print(f"  {describe_inference(**inference)}: mean tour length "
+              f"{best:.4f}" + (f", gap {gap:.2f}%" if gap is not None else "")
+              + f"; {1e3 * seconds / args.instances:.3g} ms per instance")
     for name in ("nearest_neighbour", "farthest_insertion"):
         print(f"  {name.replace('_', ' ')}: {result[name].mean().item():.4f}")
     if metadata:

@@ -7,7 +7,8 @@
 - `mixed_precision`: the precision modes.
 - `model`, `tasks`: the causal transformer and associative recall.
 - `packing`, `documents`: packed variable-length documents.
-- `tsp`, `tsp_train`: the TSP Attention Model (Kool et al. 2019) and its REINFORCE training.
+- `tsp`, `tsp_train`: the TSP Attention Model (Kool et al. 2019), its inference that spends
+  compute for quality (multi-start, ×8 augmentation, sampling) and its REINFORCE training.
 
 May import the reference code, the launchers and the API.
 """

@@ -1,6 +1,7 @@
 """The travelling salesman problem for the capstone: instances, tour lengths, two classic
-construction heuristics, and the Attention Model of Kool, van Hoof and Welling (ICLR 2019)
-with its attention running through `flashlab.attention`.
+construction heuristics, the Attention Model of Kool, van Hoof and Welling (ICLR 2019) with its
+attention running through `flashlab.attention`, and inference that decodes many tours per
+instance and keeps the shortest (POMO's multi-start and ×8 augmentation, sampling).
 
 Instances are ``(batch, n, 2)`` coordinates, uniform in the unit square; a tour is a
 ``(batch, n)`` permutation of node indices, closed (the salesman returns to the start).
@@ -9,6 +10,8 @@ Instances are ``(batch, n, 2)`` coordinates, uniform in the unit square; a tour 
 from __future__ import annotations
 
 import math
+import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +24,10 @@ from . import checkpoint
 # Kool et al. 2019, Table 1 (greedy decoding): optimal tour length and the AM's own result.
 PUBLISHED = {20: {"optimal": 3.84, "am_greedy": 3.85}, 50: {"optimal": 5.70, "am_greedy": 5.80},
              100: {"optimal": 7.76, "am_greedy": 8.12}}
+
+
+# Tours decoded at once by the inference modes, which bounds their memory, per device
+EVAL_MAX_ROLLOUTS = {"cpu": 4096, "cuda": 32768}
 
 
 def random_instances(batch: int, n_nodes: int, seed: int, device="cpu") -> torch.Tensor:
@@ -130,6 +137,22 @@ class EncoderLayer(nn.Module):
         return self._norm(self.norm2, x + self.ff(x))
 
 
+class DecoderCache(NamedTuple):
+    """What the decoder computes once per instance and reads at every step. Multi-start and
+    augmentation decode many tours of one instance: they repeat this, not the encoder."""
+
+    nodes: torch.Tensor       # (batch, n, dim) node embeddings: the step context takes the first and last city's
+    graph: torch.Tensor       # (batch, dim) the graph embedding (mean of the nodes), projected
+    glimpse_k: torch.Tensor   # (batch, heads, n, dim / heads) the glimpse's keys
+    glimpse_v: torch.Tensor   # (batch, heads, n, dim / heads) the glimpse's values
+    logit_k: torch.Tensor     # (batch, n, dim) the pointer's keys
+
+    def repeat_interleave(self, times: int) -> DecoderCache:
+        """Each instance's rows ``times`` times in a row: its tours side by side in the batch.
+        (An expand and a copy: no index tensor, so nothing waits on a GPU or breaks a CUDA graph.)"""
+        return DecoderCache(*(t[:, None].expand(-1, times, *t.shape[1:]).flatten(0, 1) for t in self))
+
+
 class AttentionModel(nn.Module):
     """Kool et al.'s Attention Model: an encoder of ``n_layers`` attention layers over the
     cities, and a decoder that, step by step, builds a context query from the graph
@@ -157,34 +180,64 @@ class AttentionModel(nn.Module):
             x = layer(x)
         return x
 
-    def forward(self, coords: torch.Tensor, decode: str = "greedy", trace: list | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tours ``(batch, n)`` and the sum of their log-probabilities ``(batch,)``.
-        ``decode``: "greedy" (most probable city each step) or "sample". ``trace``: a list
-        that receives, step by step, the probability of every city ``(batch, n)`` (visited
-        ones 0), to look inside the decoder."""
+    def precompute(self, nodes: torch.Tensor) -> DecoderCache:
+        """What the decoder reads at every step, computed once from the node embeddings."""
+        batch, n, dim = nodes.shape
+        glimpse_k, glimpse_v, logit_k = self.project_nodes(nodes).chunk(3, dim=-1)
+        split = lambda t: t.view(batch, n, self.n_heads, dim // self.n_heads).transpose(1, 2)  # (batch, heads, n, d)
+        return DecoderCache(nodes, self.project_graph(nodes.mean(1)), split(glimpse_k), split(glimpse_v), logit_k)
+
+    def forward(self, coords: torch.Tensor, decode: str = "greedy", trace: list | None = None, *,
+                multi_start: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tours ``(batch, n)`` and the sum of their log-probabilities ``(batch,)``: the encoder,
+        then `decode`. ``multi_start``: n tours per instance, one from each city as the first
+        (POMO), ``(batch · n, n)`` with each instance's tours side by side; the instance is
+        encoded once."""
+        cache, first_city = self.precompute(self.encode(coords)), None
+        if multi_start:
+            batch, n, _ = coords.shape
+            cache = cache.repeat_interleave(n)
+            first_city = torch.arange(n, device=coords.device).repeat(batch)
+        return self.decode(cache, decode, trace, first_city=first_city)
+
+    def decode(self, cache: DecoderCache, decode: str = "greedy", trace: list | None = None, *,
+               first_city: torch.Tensor | None = None, temperature: float = 1.0,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Build one tour per row of ``cache``. ``decode``: "greedy" (most probable city each
+        step) or "sample" (drawn from the softmax of the log-probabilities divided by
+        ``temperature``, with ``generator``'s random numbers). ``first_city`` ``(batch,)``:
+        each tour's first city, given (multi-start, as POMO and RL4CO do): the decoder then
+        starts from the context (first city, first city) instead of its learned placeholder,
+        and the forced city adds nothing to the log-probability. ``trace``: a list that
+        receives, step by step, the probability of every city ``(batch, n)`` (visited ones 0),
+        to look inside the decoder."""
         if decode not in ("greedy", "sample"):
             raise ValueError(f"decode: {decode!r} is not 'greedy' or 'sample'.")
-        batch, n, _ = coords.shape
-        nodes = self.encode(coords)
-        dim, heads = nodes.shape[-1], self.n_heads
-        glimpse_k, glimpse_v, logit_k = self.project_nodes(nodes).chunk(3, dim=-1)
-        split = lambda t: t.view(batch, n, heads, dim // heads).transpose(1, 2)    # (batch, heads, n, d)
-        glimpse_k, glimpse_v = split(glimpse_k), split(glimpse_v)
-        graph = self.project_graph(nodes.mean(1))
-        rows = torch.arange(batch, device=coords.device)
-        visited = torch.zeros(batch, n, dtype=torch.bool, device=coords.device)
-        step_context = self.first_placeholder.expand(batch, -1)
-        first = None
+        nodes, graph, glimpse_k, glimpse_v, logit_k = cache
+        batch, n, dim = nodes.shape
+        heads = self.n_heads
+        rows = torch.arange(batch, device=nodes.device)
+        visited = torch.zeros(batch, n, dtype=torch.bool, device=nodes.device)
         tour, log_probs = [], []
-        for _ in range(n):
+        if first_city is None:
+            first, step_context = None, self.first_placeholder.expand(batch, -1)
+        else:
+            first = first_city
+            tour.append(first)
+            visited[rows, first] = True
+            step_context = torch.cat([nodes[rows, first], nodes[rows, first]], dim=-1)
+        for _ in range(n - len(tour)):
             query = (graph + self.project_step(step_context)).view(batch, heads, 1, dim // heads)
             glimpse = masked_glimpse(query, glimpse_k, glimpse_v, visited, self.attention_fn)
             glimpse = self.project_out(glimpse.transpose(1, 2).reshape(batch, dim))
             log_p = pointer_log_probs(glimpse, logit_k, visited, self.tanh_clip)
             if trace is not None:
                 trace.append(log_p.detach().exp())
-            city = log_p.argmax(1) if decode == "greedy" else torch.multinomial(log_p.exp(), 1).squeeze(1)
+            if decode == "greedy":
+                city = log_p.argmax(1)
+            else:   # log_p / T is the log-softmax of logits / T up to a constant per row: softmax removes it
+                probs = log_p.exp() if temperature == 1 else F.softmax(log_p / temperature, dim=-1)
+                city = torch.multinomial(probs, 1, generator=generator).squeeze(1)
             tour.append(city)
             log_probs.append(log_p[rows, city])
             visited = visited.clone()
@@ -198,6 +251,132 @@ class AttentionModel(nn.Module):
         """Greedy tours for many instances, in chunks (evaluation mode)."""
         self.eval()
         return torch.cat([self(coords[i:i + batch_size])[0] for i in range(0, len(coords), batch_size)])
+
+
+# ---------------------------------------------------------------- inference that spends compute for quality
+# Greedy decoding gives one tour per instance. Decoding many and keeping the shortest costs more
+# time and finds shorter tours: from every city as the first (multi-start), on the instance's 8
+# mirror images (augmentation), or by sampling. Each tour is checked and measured on the
+# instance's own coordinates (`tour_length`).
+
+def symmetric_views(coords: torch.Tensor) -> torch.Tensor:
+    """The 8 symmetries of the unit square applied to every instance ``(batch, n, 2)``:
+    ``(batch, 8, n, 2)``, the identity first (POMO's ×8 augmentation). Each maps the square
+    onto itself and keeps every distance, so a tour of a view is a tour of the instance, of
+    the same length; the model, which sees coordinates, may find a different tour."""
+    x, y = coords.unbind(-1)
+    views = [(x, y), (y, x), (1 - x, y), (x, 1 - y), (1 - x, 1 - y), (y, 1 - x), (1 - y, x), (1 - y, 1 - x)]
+    return torch.stack([torch.stack(view, dim=-1) for view in views], dim=1)
+
+
+@torch.no_grad()
+def rollouts(model: AttentionModel, coords: torch.Tensor, augment: int = 1, starts: int = 0, samples: int = 0,
+             temperature: float = 1.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Many tours of each instance, decoded side by side in one batch: ``(batch, R, n)``. Each
+    of the first ``augment`` `symmetric_views` of an instance (1: the instance itself; 8: all)
+    is encoded once; its `DecoderCache` is repeated for each first city 0 … ``starts`` − 1
+    (0: the model picks its first city itself) and, with ``samples`` > 0, for each of that
+    many sampled tours (0: greedy). R = augment · max(starts, 1) · max(samples, 1). The model
+    runs in the mode it is in (`best_tours` puts it in evaluation mode)."""
+    batch, n, _ = coords.shape
+    views = symmetric_views(coords)[:, :augment].flatten(0, 1)             # (batch · augment, n, 2)
+    per_view = max(starts, 1) * max(samples, 1)
+    cache = model.precompute(model.encode(views)).repeat_interleave(per_view)
+    first_city = None
+    if starts:                                                              # view-major, then start, then sample
+        first_city = torch.arange(starts, device=coords.device).repeat_interleave(max(samples, 1))
+        first_city = first_city.repeat(len(views))
+    tours, _ = model.decode(cache, "sample" if samples else "greedy", first_city=first_city,
+                            temperature=temperature, generator=generator)
+    return tours.view(batch, -1, n)
+
+
+def shortest_tours(coords: torch.Tensor, tours: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shortest of each instance's tours ``(batch, R, n)``, and its length ``(batch,)``,
+    every tour checked and measured on the instance's coordinates ``(batch, n, 2)``."""
+    batch, r, n = tours.shape
+    lengths = tour_length(coords.repeat_interleave(r, dim=0), tours.flatten(0, 1)).view(batch, r)
+    best = lengths.argmin(1)
+    rows = torch.arange(batch, device=coords.device)
+    return tours[rows, best], lengths[rows, best]
+
+
+def check_inference_options(n_nodes: int, augment: int, starts: int, samples: int, temperature: float,
+                            max_rollouts: int) -> None:
+    """Raise ValueError, naming the argument and what to give, for options `best_tours` cannot use."""
+    if augment not in (1, 8):
+        raise ValueError(f"augment: {augment} views; give 1 (the instance itself) or 8 (its 8 symmetric views).")
+    if not 0 <= starts <= n_nodes:
+        raise ValueError(f"starts: {starts} first cities for {n_nodes}-city instances; give 0 (the model's own "
+                         f"first city) to {n_nodes} (every city).")
+    if samples < 0:
+        raise ValueError(f"samples: {samples}; give 0 (greedy) or a positive number of sampled tours.")
+    if not temperature > 0:
+        raise ValueError(f"temperature: {temperature}; give a positive number (1: the model's own probabilities).")
+    if max_rollouts < 1:
+        raise ValueError(f"max_rollouts: {max_rollouts}; give a positive number of tours to decode at once.")
+
+
+def rollouts_per_instance(augment: int = 1, starts: int = 0, samples: int = 0) -> int:
+    """How many tours `rollouts` decodes per instance."""
+    return augment * max(starts, 1) * max(samples, 1)
+
+
+def best_tours(model: AttentionModel, coords: torch.Tensor, augment: int = 1, starts: int = 0, samples: int = 0,
+               temperature: float = 1.0, seed: int = 0, max_rollouts: int = 4096
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shortest of each instance's `rollouts` and its length, ``((batch, n), (batch,))``,
+    in evaluation mode. Instances go in chunks of at most ``max_rollouts`` tours (at least one
+    instance), which bounds memory. The samples are a function of ``seed`` and the chunking."""
+    check_inference_options(coords.shape[1], augment, starts, samples, temperature, max_rollouts)
+    model.eval()
+    chunk = max(1, max_rollouts // rollouts_per_instance(augment, starts, samples))
+    generator = torch.Generator(device=coords.device).manual_seed(seed) if samples else None
+    best = [shortest_tours(part, rollouts(model, part, augment, starts, samples, temperature, generator))
+            for part in coords.split(chunk)]
+    return torch.cat([tours for tours, _ in best]), torch.cat([lengths for _, lengths in best])
+
+
+def multi_start_greedy(model: AttentionModel, coords: torch.Tensor, augment: int = 1, max_rollouts: int = 4096
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """POMO's inference (Kwon et al., NeurIPS 2020): a greedy tour from every city as the
+    first, n tours per instance (8n with ``augment=8``), the shortest kept."""
+    return best_tours(model, coords, augment=augment, starts=coords.shape[1], max_rollouts=max_rollouts)
+
+
+def augmented_greedy(model: AttentionModel, coords: torch.Tensor, max_rollouts: int = 4096
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """POMO's ×8 augmentation alone: the model's greedy tour on each of the 8
+    `symmetric_views` of an instance, the shortest kept."""
+    return best_tours(model, coords, augment=8, max_rollouts=max_rollouts)
+
+
+def sampled_best(model: AttentionModel, coords: torch.Tensor, samples: int, temperature: float = 1.0,
+                 seed: int = 0, max_rollouts: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kool et al.'s sampling: ``samples`` tours per instance drawn from the policy (its
+    softmax at ``temperature``), the shortest kept (they report 1,280 samples)."""
+    return best_tours(model, coords, samples=samples, temperature=temperature, seed=seed, max_rollouts=max_rollouts)
+
+
+def timed_best_tours(model: AttentionModel, coords: torch.Tensor, augment: int = 1, starts: int = 0,
+                     samples: int = 0, temperature: float = 1.0, seed: int = 0, max_rollouts: int = 4096
+                     ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """`best_tours` and its wall-clock seconds. On a GPU the clock waits for the GPU's queue,
+    and untimed first calls on a full chunk and on the last, shorter one compile and tune the
+    kernels for their shapes (the timed call then reuses them)."""
+    options = dict(augment=augment, starts=starts, samples=samples, temperature=temperature, seed=seed,
+                   max_rollouts=max_rollouts)
+    on_gpu = coords.device.type == "cuda"
+    if on_gpu:
+        chunk = max(1, max_rollouts // rollouts_per_instance(augment, starts, samples))
+        for warm_up in {min(chunk, len(coords)), len(coords) % chunk} - {0}:
+            best_tours(model, coords[:warm_up], **options)
+        torch.cuda.synchronize(coords.device)
+    start = time.perf_counter()
+    tours, lengths = best_tours(model, coords, **options)
+    if on_gpu:
+        torch.cuda.synchronize(coords.device)
+    return tours, lengths, time.perf_counter() - start
 
 
 def plot_tour(ax, coords: torch.Tensor, tour: torch.Tensor, style: str = "-", label: str | None = None, **kwargs):
@@ -263,11 +442,31 @@ def load_tours(path) -> dict:
     return {"coords": coords, "tours": tours, "lengths": lengths, "seed": seed}
 
 
+def gap_percent(mean_length: float, n_nodes: int) -> float | None:
+    """How far ``mean_length`` is above the published optimum mean for ``n_nodes`` cities, in
+    percent; None for a size `PUBLISHED` does not list."""
+    return 100 * (mean_length / PUBLISHED[n_nodes]["optimal"] - 1) if n_nodes in PUBLISHED else None
+
+
+def describe_inference(augment: int = 1, starts: int = 0, samples: int = 0, temperature: float = 1.0,
+                       seed: int = 0) -> str:
+    """`best_tours`'s options in words: "multi-start ×20, ×8 augmentation (best of 160 tours per instance)"."""
+    parts = [f"multi-start ×{starts}"] if starts else []
+    if augment == 8:
+        parts.append("×8 augmentation")
+    if samples:
+        at = f" at temperature {temperature:g}" if temperature != 1 else ""
+        parts.append(f"{samples} samples{at} (seed {seed})")
+    per_instance = rollouts_per_instance(augment, starts, samples)
+    return f"{', '.join(parts) or 'greedy'} (best of {per_instance} tour{'s' * (per_instance > 1)} per instance)"
+
+
 def evaluate(model: AttentionModel, n_nodes: int, instances: int, seed: int, device="cpu", batch_size: int = 1000):
     """Greedy tours of the model, and of both heuristics, on ``instances`` random instances
-    drawn from ``seed``: ``{"coords", "tours", "lengths", "nearest_neighbour", "farthest_insertion"}``."""
+    drawn from ``seed``: ``{"coords", "tours", "lengths", "seconds" (the model's, wall-clock),
+    "nearest_neighbour", "farthest_insertion"}``."""
     coords = random_instances(instances, n_nodes, seed, device)
-    tours = model.greedy_tours(coords, batch_size)
-    return {"coords": coords, "tours": tours, "lengths": tour_length(coords, tours),
+    tours, lengths, seconds = timed_best_tours(model, coords, max_rollouts=batch_size)
+    return {"coords": coords, "tours": tours, "lengths": lengths, "seconds": seconds,
             "nearest_neighbour": tour_length(coords, nearest_neighbour(coords)),
             "farthest_insertion": tour_length(coords, farthest_insertion(coords))}

@@ -10,6 +10,11 @@ if the policy is better in a one-sided paired t-test at level ``alpha``. Because
 is frozen for a whole epoch, its greedy tours for all of the epoch's instances are computed
 at once when the epoch starts (as Kool et al. do), in large batches: the same numbers as
 one rollout per step, for a fraction of the kernel launches.
+
+``baseline="shared"`` is POMO's instead (Kwon et al., NeurIPS 2020): each instance's n tours,
+one from every city as the first, and each tour's baseline is the mean length of its instance's
+n tours. No frozen copy and no rollouts of it; the model then decodes from a given first city,
+so it is evaluated (and used) with multi-start greedy.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from .config import ConfigError, FieldsChecked, check_fields, option, resume_mismatches
 from .model import ATTENTION
 from .trainer import ATTENTION_HELP, RunConfig, Trainer, TrainingDiverged
-from .tsp import AttentionModel, random_instances, save_model, tour_length
+from .tsp import AttentionModel, random_instances, rollouts, save_model, shortest_tours, tour_length
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -60,6 +65,12 @@ def student_t_cdf(t: float, df: float) -> float:
     return tail if t < 0 else 1.0 - tail
 
 
+def shared_baseline_advantage(lengths: torch.Tensor) -> torch.Tensor:
+    """POMO's advantage: each tour's length minus the mean length of its instance's tours
+    (``lengths (batch, tours)``); every instance's advantages sum to zero."""
+    return lengths - lengths.mean(1, keepdim=True)
+
+
 def paired_t_test_less(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """One-sided paired t-test of H1: mean(a) < mean(b). Returns (t statistic, p-value)."""
     d = (a - b).double()
@@ -91,6 +102,10 @@ class TSPConfig(FieldsChecked):
     alpha: float = option(0.05, "significance level of the one-sided paired t-test", low=0, high=1, low_open=True,
                           high_open=True)
     rollout_batch: int = option(8192, "instances per batch when the baseline rolls out a whole epoch", low=1)
+    baseline: str = option("rollout", "rollout: Kool et al.'s, a frozen copy's greedy tour, the copy replaced after "
+                                      "the t-test; shared: POMO's, n tours per instance from every city as the first, "
+                                      "each against their mean (evaluated by multi-start greedy)",
+                           choices=("rollout", "shared"), on_resume="fixed")
 
     def check(self) -> None:
         check_fields(self)
@@ -142,6 +157,8 @@ class TSPTrainer(Trainer):
         """Step ``step``'s instances (a function of seed and step) and the baseline's greedy tour
         lengths on them, which stand where a language model's targets would."""
         c, batch, seed = self.task_config, self.run.batch_size, self.run.seed
+        if c.baseline == "shared":                # the baseline is in the step's own tours: nothing to roll out
+            return random_instances(batch, c.n_nodes, seed * 1_000_003 + step), None
         epoch = step // c.epoch_steps
         if self._epoch is None or self._epoch[0] != epoch:
             steps = range(epoch * c.epoch_steps, (epoch + 1) * c.epoch_steps)
@@ -157,35 +174,59 @@ class TSPTrainer(Trainer):
         return self._epoch[1][i], self._epoch[2][i]
 
     def compute_loss(self, coords, baseline_lengths):
+        if self.task_config.baseline == "shared":
+            return self.shared_baseline_loss(coords)
         tours, log_p = self.forward_model(coords, "sample")
         lengths = tour_length(coords, tours)
         loss = ((lengths - baseline_lengths) * log_p).mean()           # REINFORCE with a baseline
         return loss, lengths.sum(), torch.tensor(len(lengths), device=lengths.device)
 
-    def _greedy_lengths(self, model, coords, batch_size) -> torch.Tensor:
+    def shared_baseline_loss(self, coords):
+        """POMO: a sampled tour from every city as the first; each tour's advantage is its length
+        minus the mean of its instance's n (`shared_baseline_advantage`)."""
+        batch, n, _ = coords.shape
+        tours, log_p = self.forward_model(coords, "sample", multi_start=True)          # (batch · n, n)
+        lengths = tour_length(coords.repeat_interleave(n, dim=0), tours).view(batch, n)
+        loss = (shared_baseline_advantage(lengths) * log_p.view(batch, n)).mean()
+        return loss, lengths.sum(), torch.tensor(lengths.numel(), device=lengths.device)
+
+    def _greedy_lengths(self, model, coords, batch_size, multi_start: bool = False) -> torch.Tensor:
+        """Greedy tour lengths, or with ``multi_start`` the shortest of the n multi-start greedy
+        tours of each instance (``batch_size`` tours decoded at once)."""
         coords = coords.to(self.device)
         model.to(self.device)
-        with self.precision.autocast(self.device.type):
-            tours = model.greedy_tours(coords, batch_size=batch_size)
         n = coords.shape[1]
-        if not bool((tours.sort(1).values == torch.arange(n, device=tours.device)).all()):
+        with self.precision.autocast(self.device.type):
+            if multi_start:
+                model.eval()
+                tours = torch.cat([rollouts(model, part, starts=n) for part in coords.split(max(1, batch_size // n))])
+            else:
+                tours = model.greedy_tours(coords, batch_size=batch_size)[:, None]      # (instances, tours, n)
+        if not bool((tours.sort(-1).values == torch.arange(n, device=tours.device)).all()):
             # a non-finite embedding makes every log-probability NaN, and argmax then repeats a city
             raise TrainingDiverged(
                 f"the greedy rollout at step {self.step} repeated cities: the model's activations are no longer "
                 f"finite in {self.run.precision} ({next(model.parameters()).dtype} weights; float16 overflows "
                 "past 65504). "
                 "Use bf16-mixed (or 16-mixed, which scales the loss), or lower lr.")
-        return tour_length(coords, tours)
+        return shortest_tours(coords, tours)[1]
 
     def greedy_lengths(self, model) -> torch.Tensor:
-        """Greedy tour lengths of ``model`` on the fixed evaluation set."""
-        return self._greedy_lengths(model, self.eval_coords, 1000)
+        """Greedy tour lengths of ``model`` on the fixed evaluation set; with the shared baseline,
+        multi-start greedy's (its training never decodes the first step's placeholder)."""
+        shared = self.task_config.baseline == "shared"
+        return self._greedy_lengths(model, self.eval_coords, self.task_config.rollout_batch if shared else 1000,
+                                    multi_start=shared)
 
     def on_step_end(self, metrics):
         c = self.task_config
         # every row has the same columns (the metrics CSV); NaN where the epoch has not ended
         metrics.update(baseline_updated=0, eval_tour_length=math.nan, baseline_tour_length=math.nan, t_test_p=math.nan)
         if self.step % c.epoch_steps:
+            return
+        if c.baseline == "shared":                # no copy to test against: only the evaluation
+            metrics["eval_tour_length"] = self.greedy_lengths(self.model).mean().item()
+            self.model.train()
             return
         candidate, current = self.greedy_lengths(self.model), self.greedy_lengths(self.baseline)
         self.model.train()
@@ -208,11 +249,13 @@ class TSPTrainer(Trainer):
             self._epoch = None
 
     def evaluate(self, batches: int = 0, seed: int = 0) -> float:
-        """Mean greedy tour length on the fixed evaluation set."""
+        """Mean greedy tour length on the fixed evaluation set (multi-start with the shared baseline)."""
         return self.greedy_lengths(self.model).mean().item()
 
     def export(self, path, **metadata):
         """The policy alone, in the format `python -m flashlab eval-tsp` loads."""
+        if self.task_config.baseline == "shared":     # its first step's placeholder is untrained
+            metadata = {"baseline": "shared: evaluate with --multi-start", **metadata}
         save_model(self.model, path, n_nodes=self.task_config.n_nodes, steps=self.step, **metadata)
 
 

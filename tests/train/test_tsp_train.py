@@ -11,7 +11,14 @@ from flashlab.cli import main
 from flashlab.train.config import ConfigError, apply_changes
 from flashlab.train.trainer import TrainingDiverged
 from flashlab.train.tsp import random_instances, tour_length
-from flashlab.train.tsp_train import KOOL_RUN, TSPConfig, TSPTrainer, paired_t_test_less, student_t_cdf
+from flashlab.train.tsp_train import (
+    KOOL_RUN,
+    TSPConfig,
+    TSPTrainer,
+    paired_t_test_less,
+    shared_baseline_advantage,
+    student_t_cdf,
+)
 
 TASK = TSPConfig(n_nodes=6, epoch_steps=2, eval_instances=32, d_model=16, n_heads=2, n_layers=1, ff_dim=32,
                  attention="sdpa")
@@ -200,3 +207,56 @@ def test_compiled_training_steps_match_eager_ones(monkeypatch):
     for eager, compiled in zip(histories["off"], histories["default"]):
         for key in ("loss", "tour_length", "grad_norm"):
             assert compiled[key] == pytest.approx(eager[key], rel=1e-5, abs=1e-6), key
+
+
+def test_shared_baseline_advantage_is_against_each_instances_own_mean():
+    lengths = torch.tensor([[1.0, 2.0, 3.0, 6.0], [10.0, 10.0, 12.0, 8.0]])
+    advantage = shared_baseline_advantage(lengths)
+    assert torch.equal(advantage, torch.tensor([[-2.0, -1.0, 0.0, 3.0], [0.0, 0.0, 2.0, -2.0]]))
+
+
+def test_shared_baseline_loss_and_its_gradient():
+    """POMO's loss, against the formula written out tour by tour: tour j of instance i starts at
+    city j, its log-probability is the sum of its n − 1 decoded steps' (the forced first city
+    adds none), and the loss is mean over i, j of (L_ij − mean_k L_ik) · log p_ij."""
+    trainer = TSPTrainer(*tiny(baseline="shared", n_nodes=5))
+    model, coords = trainer.model, random_instances(3, 5, seed=9)
+    torch.manual_seed(0)
+    loss, total, count = trainer.compute_loss(coords, None)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    torch.manual_seed(0)                                   # the same samples again, the trace kept
+    trace = []
+    tours, log_p = model(coords, "sample", trace, multi_start=True)
+    assert len(trace) == 4 and torch.equal(tours[:, 0], torch.arange(5).repeat(3))
+    rows = torch.arange(15)
+    steps = torch.stack([trace[t][rows, tours[:, t + 1]] for t in range(4)], 1)
+    torch.testing.assert_close(log_p, steps.log().sum(1))
+    expected = 0.0
+    for i in range(3):
+        lengths = [tour_length(coords[i:i + 1], tours[5 * i + j][None]).item() for j in range(5)]
+        for j in range(5):
+            expected = expected + (lengths[j] - sum(lengths) / 5) * log_p[5 * i + j] / 15
+    assert count.item() == 15 and total.item() == pytest.approx(tour_length(coords.repeat_interleave(5, 0),
+                                                                            tours).sum().item(), rel=1e-6)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    reference = torch.autograd.grad(expected, list(model.parameters()), allow_unused=True)
+    names = [name for name, _ in model.named_parameters()]
+    for name, g, r in zip(names, grads, reference):
+        if name == "first_placeholder":                    # never decoded: no gradient
+            assert g is None and r is None
+        else:
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_shared_baseline_trains_and_is_evaluated_by_multi_start(tmp_path):
+    """Ten steps of POMO's training at 10 cities shorten multi-start greedy's tours on the fixed
+    evaluation set (measured: 3.57 → 3.30); no t-test runs and no copy is rolled out."""
+    trainer = TSPTrainer(*tiny(baseline="shared", n_nodes=10, steps=10, epoch_steps=10, batch_size=32,
+                               eval_instances=200, lr=3e-3))
+    before = trainer.evaluate()
+    history = trainer.fit()
+    assert trainer.evaluate() < 0.97 * before
+    assert all(math.isnan(m["t_test_p"]) and m["baseline_updated"] == 0 for m in history)
+    assert math.isfinite(history[-1]["eval_tour_length"]) and trainer._epoch is None
+    trainer.export(tmp_path / "am.pt")
+    assert main(["eval-tsp", "--checkpoint", str(tmp_path / "am.pt"), "--instances", "4", "--multi-start"]) == 0

@@ -27,14 +27,15 @@ from flashlab.bench.suites import (
     softmax,
     train,
     tsp_encoder,
+    tsp_inference,
     tsp_step,
 )
 
 _ALL: list[Suite] = [
     attention.SUITE, softmax.SUITE, roofline.SUITE, hopper_ladder.SUITE, claims.SUITE, small_table.SUITE,
     small_launches.SUITE, tsp_step.SUITE, host_time.SUITE, python_layers.SUITE, tsp_encoder.SUITE, rl4co_step.SUITE,
-    decode_varlen.SUITE, *train.SUITES, mixed_precision_memory.SUITE, mqar_training.SUITE, dropin.SUITE,
-    kernel_resources.SUITE, kernel_resources_aot.SUITE, gpu_tests.SUITE,
+    decode_varlen.SUITE, tsp_inference.SUITE, *train.SUITES, mixed_precision_memory.SUITE, mqar_training.SUITE,
+    dropin.SUITE, kernel_resources.SUITE, kernel_resources_aot.SUITE, gpu_tests.SUITE,
 ]
 SUITES: dict[str, Suite] = {suite.name: suite for suite in _ALL}
 assert len(SUITES) == len(_ALL), "two suites share a name"
