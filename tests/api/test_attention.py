@@ -488,7 +488,7 @@ def test_a_second_derivative_raises_instead_of_being_dropped(route):
     q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(3))
     mask = torch.randn(1, 2, n, n, device=DEVICE, requires_grad=True) if "mask" in route else None
     assert ("float64" in route) == (not flash_attention._call_plan(q, k, v, mask, 0.0, False, None, False, False,
-                                                                   None).kernels)
+                                                                   None, None).kernels)
     plain = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v))
     first = torch.autograd.grad(attention(q, k, v, attn_mask=mask).square().sum(), (q, k, v), create_graph=True)
     for got, want in zip(first, plain):

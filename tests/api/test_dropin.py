@@ -52,7 +52,7 @@ def test_any_import_order_and_nothing_set_at_import():
         ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
         x = torch.randn(3, 20)
         print((out - ref).abs().max().item(), q.grad.abs().sum().item() > 0,
-              (flashlab.lessons.fused_softmax(x) - x.softmax(-1)).abs().max().item(), "TRITON_INTERPRET" in os.environ)
+              (flashlab.fused_softmax(x) - x.softmax(-1)).abs().max().item(), "TRITON_INTERPRET" in os.environ)
     """)
     err, has_grad, softmax_err, env_set = out.split()
     assert float(err) < 1e-5 and has_grad == "True" and float(softmax_err) < 1e-6 and env_set == "False"
@@ -71,7 +71,7 @@ def test_import_and_cpu_path_without_triton():
         print((flashlab.attention(q, q, q, is_causal=True)
                - F.scaled_dot_product_attention(q, q, q, is_causal=True)).abs().max().item())
         try:
-            flashlab.lessons.fused_softmax(q)
+            flashlab.fused_softmax(q)
         except ImportError as e:
             print("ImportError:", "pip install triton" in str(e))
     """, env_drop=("TRITON_INTERPRET",))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 rl4co = pytest.importorskip("rl4co")
 
 import flashlab  # noqa: E402
-from flashlab import interpreter_notice  # noqa: E402
+from flashlab.launch import interpreter_notice  # noqa: E402
 
 NODES, BATCH = 12, 4
 # fp32 attention against float64 attention, the rest of the policy fp32 in both: flashlab's error

@@ -91,7 +91,7 @@ def test_the_distribution_is_publishable():
     assert "MIT License" in (ROOT / "LICENSE").read_text()
     assert "transformers" in [Requirement(r).name for r in project["optional-dependencies"]["hf"]]
     build = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "tuned/*.json" in build["tool"]["setuptools"]["package-data"]["flashlab"]
+    assert "launch/tuned/*.json" in build["tool"]["setuptools"]["package-data"]["flashlab"]
     assert Requirement(build["build-system"]["requires"][0]).specifier.contains("77")
 
 
