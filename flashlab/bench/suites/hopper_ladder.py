@@ -357,8 +357,11 @@ def capture_resources(run: Run):
     targets = {"hopper_forward_kernel": kernels, "hopper_dkdv_kernel": kernels, "hopper_dq_kernel": kernels,
                "flash_forward_kernel": flash_triton, "flash_backward_dkdv_kernel": flash_triton,
                "flash_backward_dq_kernel": flash_triton}
+    if not run.smoke:
+        from flashlab.kernels import gluon_hopper  # Gluon: sm_90 only
+        targets["gluon_forward_kernel"] = gluon_hopper
     names = ("IS_CAUSAL", "HEAD_DIM", "BLOCK_D", "BLOCK_M", "BLOCK_N", "FOLD_SCALE", "USE_TMA", "FAST_PATH",
-             "num_warps", "num_stages")
+             "STAGES", "OVERLAP", "PINGPONG", "num_warps", "num_stages")
     for name, module in targets.items():
         jit = getattr(module, name)
         launch = jit.run
