@@ -149,13 +149,49 @@ def check(run: Run, step, name, dtype, causal, n, d, fwd=None, dkdv=None, dq=Non
           + " ".join(f"{w} {e:.1e}" for w, e in errors.items()) + ("  ok" if row["ok"] else "  FAILED"), flush=True)
 
 
+PROBE_TIMEOUT_S = 120
+
+
+def probe_gluon_steps(run: Run):
+    """Runs each Gluon step once in a child process with a time limit and returns the steps that
+    finished. A kernel whose mbarrier protocol deadlocks never returns; in this process it would hang
+    the whole suite, while a child is killed and its step recorded as hung."""
+    import subprocess
+    import sys
+    script = ("import torch, sys\n"
+              "from flashlab.launch import gluon\n"
+              "from flashlab.launch.spec import AttentionSpec\n"
+              "from flashlab.bench.suites.hopper_ladder import GLUON_STEPS\n"
+              "for name, options in GLUON_STEPS:\n"
+              "    for d in (64, 128):\n"
+              "        q, k, v = (torch.randn(1, 2, 512, d, device='cuda', dtype=torch.bfloat16) for _ in range(3))\n"
+              "        for causal in (False, True):\n"
+              "            gluon.forward(q, k, v, AttentionSpec(d ** -0.5, causal), **options)\n"
+              "            torch.cuda.synchronize()\n"
+              "    print('finished', name, flush=True)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+        stdout, failure = done.stdout, None if done.returncode == 0 else done.stderr.strip()[-600:]
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        failure = f"no answer in {PROBE_TIMEOUT_S} s: the kernel hangs"
+    finished = {line[len("finished "):] for line in stdout.splitlines() if line.startswith("finished ")}
+    for name, _ in GLUON_STEPS:
+        status = "ran" if name in finished else failure or "did not run"
+        run.record.setdefault("gluon_probe", {})[name] = status
+        print(f"    probe {name:36} {status}", flush=True)
+    return [(name, options) for name, options in GLUON_STEPS if name in finished]
+
+
 def check_gluon(run: Run):
     """The Gluon forward of each step against float64: output and log-sum-exp (its backward is the
     final step's, checked above), GQA included, N a multiple of 128 as the kernel takes."""
+    run.gluon_steps = probe_gluon_steps(run)
     for dtype in (torch.bfloat16, torch.float16):
         for d in (64, 128):
             for causal in (False, True):
-                for name, options in GLUON_STEPS:
+                for name, options in run.gluon_steps:
                     if run.over_budget():
                         return False
                     torch.manual_seed(0)
@@ -187,9 +223,12 @@ def measure_gluon(run: Run, dtype):
         for causal in (False, True):
             q, k, v, grad_out = (torch.randn(b, h, n, d, device=run.device, dtype=dtype) for _ in range(4))
             spec = AttentionSpec(d ** -0.5, causal)
-            out, lse = gluon.forward(q, k, v, spec)
+            steps = getattr(run, "gluon_steps", GLUON_STEPS)
+            if not steps:
+                return True
+            out, lse = gluon.forward(q, k, v, spec, **steps[-1][1])
             bwd_ms = bench(lambda: hopper_backward_spec(q, k, v, out, lse, grad_out, spec))
-            for name, options in GLUON_STEPS:
+            for name, options in steps:
                 if run.over_budget():
                     return False
                 run.current_step = name
@@ -454,22 +493,21 @@ def run(ctx: Context) -> None:
                                      "the interpreter (tensor descriptors included); timings are meaningless")
     capture_resources(run)
     final_dtypes = [torch.float32] if run.smoke else [torch.bfloat16, torch.float16]
+    gluon_here = not run.smoke and torch.cuda.get_device_capability()[0] == 9   # the Gluon kernel is sm_90's
     run.section("correctness: final step, dispatched tiles", lambda: correctness_final(run))
-    for dtype in final_dtypes:
+    for i, dtype in enumerate(final_dtypes):
         tag = str(dtype).replace("torch.", "")
         run.section(f"SDPA flash and cuDNN, {tag}", lambda dtype=dtype: measure_sdpa(run, dtype))
         run.section(f"speed: step {FINAL.name}, {tag}", lambda dtype=dtype: measure_step(run, FINAL, FINAL.name, dtype))
+        if gluon_here and i == 0:
+            run.section("correctness: the Gluon forward", lambda: check_gluon(run))
+        if gluon_here:
+            run.section(f"speed: the Gluon forward, {tag}", lambda dtype=dtype: measure_gluon(run, dtype))
         summarise(run)
     for step, name in [(None, "0 today")] + [(s, s.name) for s in LADDER[:-1]]:
         run.section(f"speed: step {name}, {'float32' if run.smoke else 'bfloat16'}",
                     lambda step=step, name=name: measure_step(run, step, name, final_dtypes[0]))
     summarise(run)
-    if not run.smoke and torch.cuda.get_device_capability()[0] == 9:      # the Gluon kernel is sm_90's
-        run.section("correctness: the Gluon forward", lambda: check_gluon(run))
-        for dtype in final_dtypes:
-            tag = str(dtype).replace("torch.", "")
-            run.section(f"speed: the Gluon forward, {tag}", lambda dtype=dtype: measure_gluon(run, dtype))
-        summarise(run)
     run.section("correctness: every step and candidate", lambda: correctness_ladder(run))
     summarise(run)
     failed = [r for r in run.record["correctness"] if not r["ok"]]
