@@ -64,6 +64,7 @@ from .tile import (
     dot_acc,
     dropout_keep,
     finish_rows,
+    key_value_gradients,
     l_fix,
     mask_tile_ptrs,
     masked_scores,
@@ -398,18 +399,11 @@ def _dkdv_tiles(dk, dv, k, v,
         p = tl.math.exp2(s - lse[:, None])                       # P = 2^(S − L), recomputed
         if HAS_MASK and not MASK_IS_BOOL:                        # exact where L lost log2 l: P·c (tile.l_fix)
             p = p * tl.load(L + l_fix_offset + offs_m, mask=offs_m < n_q, other=1.0)[:, None]
-        dp = dot(do, tl.trans(v), INPUT_PRECISION)               # dP = dO Vᵀ
+        keep = p                                         # (unused without dropout)
         if DROPOUT:
             keep = dropout_keep(seed, zh, offs_m, cols, n_k, dropout_p)
-            p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
-            dv = dot_acc(tl.trans(p_dropped.to(do.dtype)), do, dv, INPUT_PRECISION)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)                 # through Z/(1−p)
-        else:
-            dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)         # dV += Pᵀ dO
-        ds = p * (dp - delta[:, None])                                               # dS = P ∘ (dP − D)
-        if SOFTCAP:
-            ds = ds * soft_cap_grad(capped, softcap)                                 # through the cap
-        dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)              # dK += dSᵀ Q
+        dk, dv, _ = key_value_gradients(dk, dv, p, q, do, v, delta, capped, softcap, keep, dropout_p,
+                                        DROPOUT, SOFTCAP, INPUT_PRECISION)
     return dk, dv
 
 

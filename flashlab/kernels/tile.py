@@ -214,6 +214,29 @@ def online_softmax_step(acc, l_i, m_i, s, v, keep, qk_scale, DROPOUT: tl.constex
 
 
 @triton.jit
+def key_value_gradients(dk, dv, p, q, do, v, delta, capped, softcap, keep, dropout_p, DROPOUT: tl.constexpr,
+                        SOFTCAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One key tile's share of the backward of notebook 04, from the recomputed P = 2^(S − L):
+
+        dV += (P ∘ Z/(1−p))ᵀ dO,   dP = (dO Vᵀ) ∘ Z/(1−p),   dS = P ∘ (dP − D) · cap′(S),   dK += dSᵀ Q
+
+    (Z: dropout's ``keep``; cap′: the soft-cap's derivative at the ``capped`` scores). Returns
+    (dk, dv, ds); ds without the scale, which dQ = dS K · scale and dK apply once at the end."""
+    dp = dot(do, tl.trans(v), INPUT_PRECISION)                                 # dP = dO Vᵀ
+    if DROPOUT:
+        p_dropped = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+        dv = dot_acc(tl.trans(p_dropped.to(do.dtype)), do, dv, INPUT_PRECISION)
+        dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)               # through Z/(1−p)
+    else:
+        dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)         # dV += Pᵀ dO
+    ds = p * (dp - delta[:, None])                                             # dS = P ∘ (dP − D)
+    if SOFTCAP:
+        ds = ds * soft_cap_grad(capped, softcap)                               # through the cap
+    dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)             # dK += dSᵀ Q
+    return dk, dv, ds
+
+
+@triton.jit
 def merge_step(acc, l_i, m_i, o_part, lse_part):
     """Folds a partial result computed elsewhere (a split of the keys: its normalised output
     ``o_part`` and base-2 log-sum-exp ``lse_part``) into the state (acc, l, m), notebook 03's merge:

@@ -27,7 +27,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile import clean_range, dot, dot_acc, finish_rows, masked_scores, online_softmax_step, scores, soft_cap_grad
+from .tile import (
+    clean_range,
+    dot,
+    dot_acc,
+    finish_rows,
+    key_value_gradients,
+    masked_scores,
+    online_softmax_step,
+    scores,
+    soft_cap_grad,
+)
 
 
 @triton.jit
@@ -140,12 +150,8 @@ def _dkdv_tiles(dk, dv, k, v, q_ptrs, do_ptrs, l_ptrs, delta_ptrs, offs_mb, offs
         s, capped = _band_scores(q, k, offs_m, offs_n, q_len, k_len, shift, left, right, qk_scale, softcap,
                                  CHECKED, SOFTCAP, INPUT_PRECISION)
         p = tl.math.exp2(s - lse[:, None])                                         # P = 2^(S − L)
-        dv = dot_acc(tl.trans(p.to(do.dtype)), do, dv, INPUT_PRECISION)            # dV += Pᵀ dO
-        dp = dot(do, tl.trans(v), INPUT_PRECISION)                                 # dP = dO Vᵀ
-        ds = p * (dp - delta[:, None])                                             # dS = P ∘ (dP − D)
-        if SOFTCAP:
-            ds = ds * soft_cap_grad(capped, softcap)                               # through the cap
-        dk = dot_acc(tl.trans(ds.to(q.dtype)), q, dk, INPUT_PRECISION)             # dK += dSᵀ Q
+        dk, dv, _ = key_value_gradients(dk, dv, p, q, do, v, delta, capped, softcap, p, 0.0,
+                                        False, SOFTCAP, INPUT_PRECISION)           # varlen has no dropout
     return dk, dv
 
 

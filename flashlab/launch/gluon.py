@@ -11,11 +11,9 @@ or dense kernels', which read the same log-sum-exp.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from . import switches
+from . import runtime, switches
 from .spec import AttentionSpec
 
 ON_BY_DEFAULT = False
@@ -25,15 +23,9 @@ BLOCK = 128
 MIN_TRITON = (3, 6)
 
 
-@functools.cache
-def _triton_version() -> tuple[int, int]:
-    import triton
-    return tuple(int(part) for part in triton.__version__.split(".")[:2])
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+# module names the tests replace to pretend to be an sm_90 GPU with Triton 3.6
+_triton_version = runtime.triton_version
+_capability = runtime.device_capability
 
 
 def enabled() -> bool:

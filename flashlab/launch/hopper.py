@@ -15,14 +15,12 @@ so either backward can follow either forward.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from flashlab.kernels.dense import flash_backward_preprocess_kernel
 from flashlab.kernels.hopper import LADDER, Step, Tiles, hopper_dkdv_kernel, hopper_dq_kernel, hopper_forward_kernel
 
-from . import switches
+from . import runtime, switches
 from .layouts import output_like
 from .runtime import kernel_for
 from .spec import AttentionSpec
@@ -35,15 +33,9 @@ MIN_TRITON = (3, 6)          # the oldest Triton these kernels were compiled wit
 FINAL = LADDER[-1]
 
 
-@functools.cache
-def _triton_version() -> tuple[int, int]:
-    import triton
-    return tuple(int(part) for part in triton.__version__.split(".")[:2])
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+# module names the tests replace to pretend to be an sm_90 GPU with Triton 3.6
+_triton_version = runtime.triton_version
+_capability = runtime.device_capability
 
 
 # Whether flashlab.attention takes the Hopper kernels when FLASHLAB_HOPPER is unset: on, because the

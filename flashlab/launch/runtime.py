@@ -29,6 +29,7 @@ message a caller sees when a kernel is needed without it (the PyTorch paths need
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import threading
@@ -39,6 +40,19 @@ from . import switches
 
 # checked once, without importing triton (a plain constant: torch.compile traces through it)
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton."""
+    import triton
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+
+@functools.cache
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA compute capability of ``device``, asked once."""
+    return torch.cuda.get_device_capability(device)
 
 
 def triton_available() -> bool:
