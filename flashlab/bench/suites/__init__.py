@@ -19,6 +19,7 @@ from flashlab.bench.suites import (
     kernel_resources_aot,
     mixed_precision_memory,
     mqar_training,
+    notebooks,
     python_layers,
     rl4co_step,
     roofline,
@@ -36,6 +37,7 @@ _ALL: list[Suite] = [
     small_launches.SUITE, tsp_step.SUITE, host_time.SUITE, python_layers.SUITE, tsp_encoder.SUITE, rl4co_step.SUITE,
     decode_varlen.SUITE, tsp_inference.SUITE, *train.SUITES, mixed_precision_memory.SUITE, mqar_training.SUITE,
     dropin.SUITE, kernel_resources.SUITE, kernel_resources_aot.SUITE, gpu_tests.SUITE,
+    notebooks.SUITE,
 ]
 SUITES: dict[str, Suite] = {suite.name: suite for suite in _ALL}
 assert len(SUITES) == len(_ALL), "two suites share a name"
