@@ -84,6 +84,7 @@ class DocumentsTrainer(Trainer):
     checkpoint_kind = "documents-training-state"
     metric_name = "accuracy"
     work_unit = "tokens"
+    size_fields = ("max_len", "d_model", "n_layers", "vocab_size", "batch_size")
 
     def __init__(self, task: DocumentsConfig | None = None, run=None):
         self._drawn = None                           # (step, its documents)
@@ -111,6 +112,17 @@ class DocumentsTrainer(Trainer):
 
     def _flops_per_step(self) -> float:
         return 0.0      # the tokens of a step vary with the drawn lengths: tokens_per_s is the measure (no MFU)
+
+    def memory_needs(self, task, run) -> dict[str, float]:
+        """As the base Trainer's, for a micro-batch of documents of the mean length (max_len·mean_fraction)."""
+        weight = self.precision.param_dtype.itemsize
+        act = self.precision.compute_dtype.itemsize
+        micro = max(1, run.batch_size // (run.grad_accum * self.world))
+        tokens = micro * max(1.0, task.max_len * task.mean_fraction)
+        kept = 1 if task.checkpoint_blocks else 5
+        return {"weights, gradients and AdamW's moments": 4 * weight * self._parameter_count(task),
+                "a micro-batch's activations": tokens * (task.n_layers * kept * task.d_model * act
+                                                         + 2 * 4 * task.vocab_size)}
 
     # ---------------------------------------------------------------- data
     def global_batch(self, step: int) -> list[torch.Tensor]:

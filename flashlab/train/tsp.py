@@ -221,8 +221,11 @@ def load_model(path, device="cpu", attention_fn=attention) -> tuple[AttentionMod
     """The Attention Model of a "tsp-model" checkpoint, in evaluation mode, and its metadata.
     Reads tensors and plain data only (``weights_only=True``) and verifies the checksum;
     raises `flashlab.train.checkpoint.CheckpointError` for anything else."""
+    from .tsp_train import check_model_config
     saved = checkpoint.load(path, kind="tsp-model", map_location=device)
+    check_model_config(path, saved.config)           # as train-tsp checks its options, then the weights
     model = AttentionModel(**saved.config, attention_fn=attention_fn).to(device)
+    checkpoint.check_weights(path, "model", saved.state.get("model") if isinstance(saved.state, dict) else None, model)
     model.load_state_dict(saved.state["model"])
     return model.eval(), saved.metadata
 
