@@ -382,6 +382,9 @@ def _output_notes(args, run, resumed_step, command: str) -> list[str]:
 
     from flashlab.train import checkpoint
     from flashlab.train.trainer import run_held_in
+    if "keep_checkpoints" in args.given and run.keep_checkpoints and not run.checkpoint_every:
+        raise UsageError("--keep-checkpoints: it prunes the checkpoint_<step>.pt files that --checkpoint-every "
+                         "writes, and no --checkpoint-every is given; add one (and --out-dir DIR).")
     if run.out_dir is None:
         if "checkpoint_every" in args.given and run.checkpoint_every:
             raise UsageError("--checkpoint-every: checkpoints need a directory; add --out-dir DIR.")

@@ -66,6 +66,9 @@ class DocumentsConfig(FieldsChecked):
         check_fields(self)
         if self.d_model % self.n_heads:
             raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}; pick a divisor.")
+        if self.max_period > self.max_len:
+            raise ConfigError("max_period", f"{self.max_period} is longer than max_len={self.max_len}: no document "
+                                            f"could repeat its pattern; give at most {self.max_len}.")
         if self.packing == "packed" and self.attention == "flashlab" and self.dropout > 0:
             raise ConfigError("dropout", f"{self.dropout} with packing=packed and attention=flashlab: "
                                          "varlen_attention has no dropout; give 0, or packing=padded.")
