@@ -248,6 +248,30 @@ def test_a_sigkilled_run_never_blocks_the_next_and_is_named_while_it_lives(forks
     assert [int(r[0]) for r in rows] == list(range(reached + 2))                    # each step once
 
 
+def test_a_resume_whose_checkpoint_was_replaced_while_it_waited_is_refused(tmp_path, capsys, monkeypatch):
+    """The race the lock leaves: a resume reads checkpoint_last.pt, and before it takes the directory the
+    run that held it saves a newer one and ends. Resuming the state read first would train those steps
+    again over the newer run; the resume is refused instead, and nothing is written."""
+    out = tmp_path / "run"
+    assert main([*TINY, "--steps", "4", "--checkpoint-every", "2", "--out-dir", str(out)]) == 0
+    newer = (out / "checkpoint_last.pt").read_bytes()
+    shutil.copyfile(out / "checkpoint_2.pt", out / "checkpoint_last.pt")      # where the resume finds the run
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "checkpoint_last.pt"}
+    original = Trainer.hold_out_dir
+
+    def the_other_run_saves_and_ends_first(self):
+        checkpoint.write_atomically(out / "checkpoint_last.pt", newer)
+        original(self)
+    monkeypatch.setattr(Trainer, "hold_out_dir", the_other_run_saves_and_ends_first)
+    capsys.readouterr()
+    code, stdout, lines = _run(["train", "--resume", str(out / "checkpoint_last.pt"), "--steps", "6",
+                                "--no-progress"], capsys)
+    _one_line(lines, 2, code, f"--resume: {out / 'checkpoint_last.pt'} was replaced while this run started, by the "
+                              f"run that held {out} and has ended since; resume again")
+    assert (out / "checkpoint_last.pt").read_bytes() == newer
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "checkpoint_last.pt"} == before
+
+
 def test_cleanup_after_a_killed_save_spares_a_live_writers_file(tmp_path):
     """remove_interrupted_writes deleted every temporary file, another live run's included (the
     audit's FileNotFoundError). A temporary file's name now carries its writer's process id: one of a
