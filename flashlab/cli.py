@@ -375,19 +375,29 @@ def _adopt_from_checkpoint(args, task, run, trainer_class):
     return (*configs, changed, step)
 
 
-def _output_notes(args, run, resumed_step, command: str) -> list[str]:
-    """Where the run will write, said before it starts; refused (one line) where writing there
-    would overwrite a run or send a copied checkpoint's continuation back to the original run."""
-    from pathlib import Path
-
-    from flashlab.train import checkpoint
-    from flashlab.train.trainer import run_held_in
+def _check_where_to_write(args, run) -> None:
+    """Refuse (one line) options that would write nothing, and a copied checkpoint whose continuation
+    would go back to the original run: what the paths alone say, before the run takes its directory."""
     if "keep_checkpoints" in args.given and run.keep_checkpoints and not run.checkpoint_every:
         raise UsageError("--keep-checkpoints: it prunes the checkpoint_<step>.pt files that --checkpoint-every "
                          "writes, and no --checkpoint-every is given; add one (and --out-dir DIR).")
     if run.out_dir is None:
         if "checkpoint_every" in args.given and run.checkpoint_every:
             raise UsageError("--checkpoint-every: checkpoints need a directory; add --out-dir DIR.")
+        return
+    out, resume = Path(run.out_dir), Path(run.resume) if run.resume else None
+    if resume and "out_dir" not in args.given and resume.resolve().parent != out.resolve():
+        raise UsageError(f"--out-dir: {resume} was saved by the run in {out}, and resuming writes to the run's "
+                         f"directory; give --out-dir {resume.parent} to continue beside this file, or --out-dir {out} "
+                         f"to continue in that directory.")
+
+
+def _output_notes(args, run, resumed_step, command: str) -> list[str]:
+    """Where the run will write, said before it starts; refused (one line) where writing there
+    would overwrite a run. Looked at once the run holds its directory (`_build_trainer`)."""
+    from flashlab.train import checkpoint
+    from flashlab.train.trainer import run_held_in
+    if run.out_dir is None:
         return ["no --out-dir: nothing of this run is saved (no checkpoints, metrics.csv or model); add --out-dir "
                 "DIR to keep them."]
     out = Path(run.out_dir)
@@ -411,10 +421,6 @@ def _output_notes(args, run, resumed_step, command: str) -> list[str]:
                              f"give another --out-dir, or delete that one first.")
         return []
     resume = Path(run.resume)
-    if "out_dir" not in args.given and resume.resolve().parent != out.resolve():
-        raise UsageError(f"--out-dir: {resume} was saved by the run in {out}, and resuming writes to the run's "
-                         f"directory; give --out-dir {resume.parent} to continue beside this file, or --out-dir {out} "
-                         f"to continue in that directory.")
     notes = [f"resume: from step {resumed_step}, writing to {out}"]
     if last.exists() and last.resolve() != resume.resolve():
         try:
@@ -461,6 +467,7 @@ def _build_trainer(trainer_class, args, task, run):
     task.check()
     run.check()
     trainer = trainer_class(task, run)        # checks the checkpoint against the run (fixed settings) first
+    _check_where_to_write(args, run)
     # one run at a time in --out-dir (flashlab.train.run_dir), held until the command ends; what the run
     # finds there is looked at once it holds it
     trainer.hold_out_dir()
@@ -637,8 +644,6 @@ def _export_tsp_command(args) -> None:
 
     try:
         trainer = export_policy(args.checkpoint, args.out)
-    except RunFilesError:
-        raise
     except OSError as exc:
         raise _write_failed("--out", args.out, exc) from exc
     print(f"{args.out}: the TSP{trainer.task_config.n_nodes} policy at step {trainer.step} "

@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - Windows
 
 LOCK_NAME = ".run.lock"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-# directory (resolved) → [descriptor of its lock file or None where the file system has no locks, holders]
+# directory (resolved) → [descriptor of its lock file, holders in this process, the first directory `hold`
+# created (removed again if the run leaves nothing in it) or None]
 _held: dict[str, list] = {}
 
 
@@ -59,44 +60,75 @@ def hold(out_dir) -> None:
         _held[key][1] += 1
         return
     lock = directory / LOCK_NAME
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        # read-only, so that holding it never keeps the file system from being remounted read-only;
-        # O_NOFOLLOW: a symlink planted at the lock's name is refused, not followed
-        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW, 0o644)
-    except OSError as exc:
-        raise ConfigError("out_dir", f"cannot create the lock file {lock} ({exc.strerror or exc}); give a directory "
-                                     f"you can write to.") from None
-    if fcntl is not None:
+    created = next((p for p in reversed([directory.absolute(), *directory.absolute().parents]) if not p.exists()),
+                   None)
+    for _ in range(10):
+        fd = _lock_file(lock)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ConfigError("out_dir", f"{out_dir} is in use by another run ({_holder(lock)}, which holds "
+                                             f"{lock}); wait for it to end, or give another directory.") from None
+            except OSError as exc:         # a file system without locks (some network mounts): said, not fatal
+                print(f"out_dir: cannot lock {lock} ({exc.strerror or exc}); nothing keeps a second run out of "
+                      f"{out_dir} while this one runs.", file=sys.stderr, flush=True)
+        # a run that made the directory and left nothing in it removes it again (`release`): the file locked
+        # here must still be the one at the lock's name, or another run could lock a new one beside it
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError("out_dir", f"{out_dir} is in use by another run ({_holder(lock)}, which holds {lock}); "
-                                         f"wait for it to end, or give another directory.") from None
-        except OSError as exc:             # a file system without locks (some network mounts): said, not fatal
-            print(f"out_dir: cannot lock {lock} ({exc.strerror or exc}); nothing keeps a second run out of "
-                  f"{out_dir} while this one runs.", file=sys.stderr, flush=True)
+            locked, there = os.fstat(fd), os.stat(lock, follow_symlinks=False)
+            if (locked.st_dev, locked.st_ino) == (there.st_dev, there.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    else:
+        raise ConfigError("out_dir", f"{lock} was replaced each time this run locked it; another program is removing "
+                                     f"it: stop that, or give another directory.")
     with contextlib.suppress(OSError):     # who holds it, for the line a refused run prints
         said = os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | _NOFOLLOW)
         try:
             os.write(said, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
         finally:
             os.close(said)                 # flock belongs to the descriptor above: this close keeps it
-    _held[key] = [fd, 1]
+    _held[key] = [fd, 1, created]
+
+
+def _lock_file(lock: Path) -> int:
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        # read-only, so that holding it never keeps the file system from being remounted read-only;
+        # O_NOFOLLOW: a symlink planted at the lock's name is refused, not followed
+        return os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise ConfigError("out_dir", f"cannot create the lock file {lock} ({exc.strerror or exc}); give a directory "
+                                     f"you can write to.") from None
 
 
 def release(out_dir) -> None:
-    """Give back one `hold` of ``out_dir``; the last one unlocks it. The lock file stays: deleting
-    it would let a waiting run and a new one lock two different files."""
+    """Give back one `hold` of ``out_dir``; the last one unlocks it. The lock file stays (a run
+    that holds it next locks the same file), except in a directory `hold` made for a run that was
+    refused before it wrote anything: that directory is removed again, lock file and all."""
     key = str(Path(out_dir).resolve())
     entry = _held.get(key)
     if entry is None:
         return
     entry[1] -= 1
-    if entry[1] <= 0:
-        del _held[key]
-        os.close(entry[0])
+    if entry[1] > 0:
+        return
+    del _held[key]
+    fd, _, created = entry
+    if created is not None:
+        directory = Path(key)
+        with contextlib.suppress(OSError):
+            if os.listdir(directory) == [LOCK_NAME]:
+                os.unlink(directory / LOCK_NAME)            # while still locked: no one else holds this file
+                for empty in (directory, *directory.parents):
+                    os.rmdir(empty)
+                    if empty == Path(created).resolve():
+                        break
+    os.close(fd)
 
 
 def release_all() -> None:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from . import checkpoint
-from .config import ConfigError, FieldsChecked, check_fields, option, resume_mismatches, stored_problem
+from .config import ConfigError, FieldsChecked, check_fields, option, resume_mismatches
 from .model import ATTENTION
 from .trainer import ATTENTION_HELP, RunConfig, Trainer, TrainingDiverged
-from .tsp import AttentionModel, random_instances, save_model, tour_length
+from .tsp import AttentionModel, model_field, random_instances, save_model, tour_length
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -79,12 +79,11 @@ class TSPConfig(FieldsChecked):
     clipping 1.0, batch 512) is `KOOL_RUN`."""
 
     n_nodes: int = option(20, "cities per instance", low=3, on_resume="fixed")
-    d_model: int = option(128, "embedding width", low=1, on_resume="fixed")
-    n_heads: int = option(8, "attention heads; must divide d_model", low=1, on_resume="fixed")
-    n_layers: int = option(3, "encoder layers", low=1, on_resume="fixed")
-    ff_dim: int = option(512, "feed-forward width", low=1, on_resume="fixed")
-    tanh_clip: float = option(10.0, "logits are clipped to ±tanh_clip·tanh(·)", low=0, low_open=True,
-                              on_resume="fixed")
+    d_model: int = model_field("d_model")              # the architecture: declared once, in tsp.ModelConfig
+    n_heads: int = model_field("n_heads")
+    n_layers: int = model_field("n_layers")
+    ff_dim: int = model_field("ff_dim")
+    tanh_clip: float = model_field("tanh_clip")
     attention: str = option("auto", ATTENTION_HELP, choices=("auto", "flashlab", "sdpa", "naive"))
     epoch_steps: int = option(250, "steps between baseline tests (an epoch)", low=1, on_resume="fixed")
     eval_instances: int = option(1000, "instances of the fixed set the baseline's t-test compares on", low=2,
@@ -268,21 +267,3 @@ def export_policy(state_path, out_path) -> TSPTrainer:
     return trainer
 
 
-
-def check_model_config(path, config) -> None:
-    """Raise `flashlab.train.checkpoint.CheckpointError` unless ``config``, a tsp-model checkpoint's
-    architecture (`flashlab.train.tsp.save_model`: embed_dim, n_heads, n_layers, ff_dim, tanh_clip),
-    passes the checks train-tsp applies to the same options (--d-model …)."""
-    names = {"embed_dim": "d_model", "n_heads": "n_heads", "n_layers": "n_layers", "ff_dim": "ff_dim",
-             "tanh_clip": "tanh_clip"}
-    if not isinstance(config, dict):
-        problem = f"a {type(config).__name__} where a dict of settings belongs"
-    elif set(config) - set(names):
-        problem = f"{sorted(map(str, set(config) - set(names)))[0]!r} is no setting of the Attention Model"
-    elif set(names) - set(config):
-        problem = f"no {sorted(set(names) - set(config))[0]}"
-    else:
-        problem = stored_problem(TSPConfig, {names[k]: v for k, v in config.items()})
-    if problem:
-        raise checkpoint.CheckpointError(f"checkpoint: {path} holds a model architecture no model can have "
-                                         f"({problem}); the file is damaged or was not written by flashlab.")

@@ -209,7 +209,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     """3 processes × 200 decisions, each written as soon as it is made (read-merge-replace
     under the lock): all 600 are in the file."""
     path = tmp_path / "tune.json"
-    code = WRITER.format(package=str(ROOT / "flashlab"), path=str(path))
+    code = WRITER.format(package=str(ROOT / "flashlab" / "launch"), path=str(path))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i)]) for i in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     stored = json.loads(path.read_text())
