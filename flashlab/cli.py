@@ -467,6 +467,7 @@ def _build_trainer(trainer_class, args, task, run):
     task.check()
     run.check()
     trainer = trainer_class(task, run)        # checks the checkpoint against the run (fixed settings) first
+    trainer.check_memory()                    # what training will hold, against the device's free memory
     _check_where_to_write(args, run)
     # one run at a time in --out-dir (flashlab.train.run_dir), held until the command ends; what the run
     # finds there is looked at once it holds it

@@ -116,9 +116,11 @@ class DocumentsTrainer(Trainer):
     def _flops_per_step(self) -> float:
         return 0.0      # the tokens of a step vary with the drawn lengths: tokens_per_s is the measure (no MFU)
 
-    def memory_needs(self, task, run) -> dict[str, float]:
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
         """As the base Trainer's, for a micro-batch of documents of the mean length (max_len·mean_fraction)."""
         weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"weights": weight * self._parameter_count(task)}
         act = self.precision.compute_dtype.itemsize
         micro = max(1, run.batch_size // (run.grad_accum * self.world))
         tokens = micro * max(1.0, task.max_len * task.mean_fraction)

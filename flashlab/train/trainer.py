@@ -308,7 +308,7 @@ class Trainer:
         if run.out_dir and self.rank == 0:
             _check_writable_dir(run.out_dir)
         self.micro_batch = run.batch_size // (run.grad_accum * self.world)
-        self._check_memory()                          # before anything of the run's size is allocated
+        self._check_memory(training=False)            # the model's weights, before they are allocated
         torch.backends.cuda.matmul.allow_tf32 = run.tf32
         torch.backends.cudnn.allow_tf32 = run.tf32
 
@@ -433,13 +433,15 @@ class Trainer:
         one, two = count(dataclasses.replace(task, n_layers=1)), count(dataclasses.replace(task, n_layers=2))
         return one + (layers - 1) * (two - one)
 
-    def memory_needs(self, task, run) -> dict[str, float]:
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
         """Bytes one process of this run holds at least with ``task`` and ``run`` (`flashlab.train.memory`):
         the weights with their gradients and AdamW's two moments, a micro-batch's activations that the
         backward keeps (the block inputs and the MLP's hidden layer; the float32 logits and their
-        gradient), naive attention's scores, and on a CPU the step's token ids. A task with another model
-        or batch overrides it."""
+        gradient), naive attention's scores, and on a CPU the step's token ids. Without ``training``, what
+        building the trainer allocates: the weights. A task with another model or batch overrides it."""
         weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"weights": weight * self._parameter_count(task)}
         act = self.precision.compute_dtype.itemsize
         micro = max(1, run.batch_size // (run.grad_accum * self.world))
         n, d = task.seq_len, task.d_model
@@ -452,12 +454,18 @@ class Trainer:
             needs["the step's token ids"] = 2 * 8 * run.batch_size * n
         return needs
 
-    def _check_memory(self) -> None:
-        """Refuse (`ConfigError` on the setting that costs most) a run whose `memory_needs` exceed the free
-        memory of its device, before anything of its size is allocated: processes of a torchrun job on one
-        CPU count together."""
+    def check_memory(self) -> None:
+        """Raise `ConfigError` (on the setting that costs most) if training would need more memory than
+        the device has free (`memory_needs`); `fit` checks it before its first step, the command line before
+        it says anything. Building the trainer checked its weights alone: a trainer built to hold a model,
+        never to train it, needs no more."""
+        self._check_memory(training=True)
+
+    def _check_memory(self, training: bool) -> None:
+        """Refuse (`ConfigError` on the setting that costs most) what `memory_needs` says exceeds the free
+        memory of the device, before it is allocated: processes of a torchrun job on one CPU count together."""
         task, run = self.task_config, self.run
-        needs = self.memory_needs(task, run)
+        needs = self.memory_needs(task, run, training)
         copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1
         free, _ = memory.available_bytes(self.device)
         if copies * sum(needs.values()) <= free:
@@ -470,8 +478,8 @@ class Trainer:
                 continue
             try:                         # the estimate of a config its own checks may refuse: memory only
                 smaller = dataclasses.replace(config, **{name: default})
-                without[name] = sum(self.memory_needs(*((smaller, run) if config is task else (task, smaller)))
-                                    .values())
+                without[name] = sum(self.memory_needs(*((smaller, run) if config is task else (task, smaller)),
+                                                      training).values())
             except (ValueError, ZeroDivisionError, RuntimeError):
                 continue
         name = memory.most_costly(sum(needs.values()), without) or "batch_size"
@@ -626,6 +634,7 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def fit(self) -> list[dict]:
         """Train until run.steps (or the time limit, or a signal), holding run.out_dir throughout."""
+        self.check_memory()
         run = self.run
         out = Path(run.out_dir) if run.out_dir else None
         took_out_dir = out is not None and self._out_dir_lock is None      # else the caller holds it (the CLI)

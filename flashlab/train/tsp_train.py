@@ -141,12 +141,16 @@ class TSPTrainer(Trainer):
     def _flops_per_step(self) -> float:
         return 0.0                                # decoding is sequential: MFU is not meaningful here
 
-    def memory_needs(self, task, run) -> dict[str, float]:
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
         """Bytes one process holds at least (`flashlab.train.memory`): the policy with its gradients and
         AdamW's moments, and the baseline; the encoder's activations of a micro-batch and the decoder's
         log-probabilities, a (micro-batch, n) tensor at each of n steps, kept for REINFORCE's backward; an
-        epoch's instances, which the baseline rolls out at once; the fixed evaluation set."""
+        epoch's instances, which the baseline rolls out at once; the fixed evaluation set. Without
+        ``training``, what building the trainer allocates: policy, baseline and evaluation set."""
         weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"the policy and the baseline": 2 * weight * self._parameter_count(task),
+                    "the evaluation set": task.eval_instances * task.n_nodes * 2 * 4}
         act = self.precision.compute_dtype.itemsize
         micro = max(1, run.batch_size // (run.grad_accum * self.world))
         n, d = task.n_nodes, task.d_model

@@ -658,7 +658,7 @@ def test_the_estimate_names_what_costs_most_and_counts_every_process(monkeypatch
     assert 0 < needs < 64 * 2**20
     with pytest.raises(ConfigError, match=r"^batch_size: 20000 needs at least .* of memory \(.*\), more than the "
                                           r"64.0 MiB this machine has free"):
-        Trainer(task, RunConfig(batch_size=20000, device="cpu", progress=False))
+        Trainer(task, RunConfig(batch_size=20000, device="cpu", progress=False)).fit()   # refused before a step
     with pytest.raises(ConfigError, match=r"^d_model: 4096 needs at least"):
         Trainer(RecallConfig(seq_len=64, d_model=4096, n_heads=2, n_layers=1, attention="sdpa"), run)
     def total(batch):
@@ -666,10 +666,16 @@ def test_the_estimate_names_what_costs_most_and_counts_every_process(monkeypatch
     per_row = (total(16) - total(8)) / 8
     big = RunConfig(batch_size=int((0.75 * 64 * 2**20 - total(8)) / per_row) + 8, device="cpu", progress=False)
     assert 32 * 2**20 < total(big.batch_size) < 64 * 2**20
-    Trainer(task, big)                                    # fits alone …
+    Trainer(task, big).check_memory()                     # fits alone …
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"per process, 2 processes\), more than the 64.0 MiB"):
-        Trainer(task, big)                                # … not twice
+        Trainer(task, big).check_memory()                 # … not twice
+    # a trainer built only to hold a model (a notebook loading shipped weights) is not refused for a batch it
+    # would never train: building it checks the weights alone
+    held = Trainer(RecallConfig(seq_len=65536, d_model=32, n_heads=2, n_layers=1, attention="sdpa",
+                                positions="rotary"), RunConfig(batch_size=32, device="cpu", progress=False))
+    with pytest.raises(ConfigError, match=r"^seq_len: 65536 needs at least"):
+        held.check_memory()
     assert memory.size(3 * 2**60) == "3.0 EiB" and memory.size(1536) == "1.5 KiB"
 
 
