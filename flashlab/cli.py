@@ -18,12 +18,17 @@
   export-tsp        write the policy of a training-state checkpoint as am_tspN.pt (a run that
                     was killed before its own export)
 
-train and train-tsp write only with --out-dir, never over another run; Ctrl-C or SIGTERM stops
-a run between two steps and saves it (--resume continues exactly; under torchrun every rank
-stops after the same step).
+train and train-tsp write only with --out-dir, never over another run, and one run at a time
+(a second run or resume into a directory in use is refused, naming the process that holds it);
+Ctrl-C or SIGTERM stops a run between two steps and saves it (--resume continues exactly, and
+--resume auto from the newest complete checkpoint in --out-dir; under torchrun every rank stops
+after the same step).
 
-Every option is checked before any work starts; a bad one ends the command with one line
-that names it and says what to give instead (exit status 2).
+Every option is checked before any work starts, sizes against the memory of the device; a bad
+one ends the command with one line that names it and says what to give instead (exit status 2).
+A file that cannot be written (a full or read-only disk, a permission, an I/O error) ends the
+command with one line that says what failed, the last good checkpoint and the command that
+resumes from it (exit status 1).
 The benchmarks print a table and, with --out, write JSON (GPU name, versions, date, every row).
 Data-parallel training: torchrun --nproc_per_node 2 -m flashlab train …
 """
@@ -42,8 +47,10 @@ from pathlib import Path
 
 import torch
 
+from flashlab.train import run_dir
 from flashlab.train.checkpoint import CheckpointError
 from flashlab.train.config import ConfigError, OneLineErrorParser, check_value, describe_range, field_kind
+from flashlab.train.run_dir import RunFilesError
 from flashlab.train.tsp import EVAL_MAX_ROLLOUTS
 
 
@@ -135,6 +142,8 @@ def _check_output_file(option: str, path, create_directory: bool = False, overwr
     from, and eval-tsp --save-tours wrote its tours over whatever file it was given."""
     if path is None:
         return
+    if path == "":
+        raise UsageError(f"{option}: an empty path; give a file name.")
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option}: {path} is a directory; give a file name.")
@@ -158,7 +167,15 @@ def _check_output_file(option: str, path, create_directory: bool = False, overwr
                          f"directory you can write to.") from None
 
 
+def _write_failed(option: str, path, exc: OSError) -> RunFilesError:
+    """The one line for an output file that could not be written after the work was done."""
+    return RunFilesError(f"{option}: writing {path} failed: {exc.strerror or exc}; nothing was written there (the "
+                         f"previous file, if any, is intact): fix that, then run the command again.")
+
+
 def _existing_file(option: str, path) -> None:
+    if path == "":
+        raise UsageError(f"{option}: an empty path; give the path of a checkpoint (.pt).")
     if path is not None and not Path(path).is_file():
         raise UsageError(f"{option}: {path} does not exist or is not a file; give the path of a checkpoint (.pt).")
 
@@ -319,7 +336,7 @@ _GPU_SETTINGS = {
 }
 
 
-def _adopt_from_checkpoint(args, task, run, kind):
+def _adopt_from_checkpoint(args, task, run, trainer_class):
     """On resume the run continues as it was: every setting not given on the command line is the
     checkpoint's (model, task, seed, precision, and also batch size, learning rate, schedule, …),
     except this machine's (`_NOT_ADOPTED`, a compile of reduce-overhead where no GPU runs it, and a
@@ -329,8 +346,9 @@ def _adopt_from_checkpoint(args, task, run, kind):
     from flashlab.train import checkpoint
     from flashlab.train.trainer import no_cuda_graphs
 
-    saved = checkpoint.load(run.resume, kind=kind)      # another command's checkpoint: said first
-    stored = saved.config if isinstance(saved.config, dict) else {}
+    saved = checkpoint.load(run.resume, kind=trainer_class.checkpoint_kind)   # another command's checkpoint: said first
+    trainer_class.check_saved_config(run.resume, saved.config)     # a bad stored setting is the file's, not an option's
+    stored = saved.config
     configs, changed = [], []
     why = no_cuda_graphs(run.device)
     metadata = saved.metadata if isinstance(saved.metadata, dict) else {}
@@ -359,16 +377,29 @@ def _adopt_from_checkpoint(args, task, run, kind):
     return (*configs, changed, step)
 
 
-def _output_notes(args, run, resumed_step) -> list[str]:
-    """Where the run will write, said before it starts; refused (one line) where writing there
-    would overwrite a run or send a copied checkpoint's continuation back to the original run."""
-    from pathlib import Path
-
-    from flashlab.train import checkpoint
-    from flashlab.train.trainer import run_held_in
+def _check_where_to_write(args, run) -> None:
+    """Refuse (one line) options that would write nothing, and a copied checkpoint whose continuation
+    would go back to the original run: what the paths alone say, before the run takes its directory."""
+    if "keep_checkpoints" in args.given and run.keep_checkpoints and not run.checkpoint_every:
+        raise UsageError("--keep-checkpoints: it prunes the checkpoint_<step>.pt files that --checkpoint-every "
+                         "writes, and no --checkpoint-every is given; add one (and --out-dir DIR).")
     if run.out_dir is None:
         if "checkpoint_every" in args.given and run.checkpoint_every:
             raise UsageError("--checkpoint-every: checkpoints need a directory; add --out-dir DIR.")
+        return
+    out, resume = Path(run.out_dir), Path(run.resume) if run.resume else None
+    if resume and "out_dir" not in args.given and resume.resolve().parent != out.resolve():
+        raise UsageError(f"--out-dir: {resume} was saved by the run in {out}, and resuming writes to the run's "
+                         f"directory; give --out-dir {resume.parent} to continue beside this file, or --out-dir {out} "
+                         f"to continue in that directory.")
+
+
+def _output_notes(args, run, resumed_step, command: str) -> list[str]:
+    """Where the run will write, said before it starts; refused (one line) where writing there
+    would overwrite a run. Looked at once the run holds its directory (`_build_trainer`)."""
+    from flashlab.train import checkpoint
+    from flashlab.train.trainer import run_held_in
+    if run.out_dir is None:
         return ["no --out-dir: nothing of this run is saved (no checkpoints, metrics.csv or model); add --out-dir "
                 "DIR to keep them."]
     out = Path(run.out_dir)
@@ -378,15 +409,20 @@ def _output_notes(args, run, resumed_step) -> list[str]:
         if held == last.name:
             raise UsageError(f"--out-dir: {out} holds a run already ({last.name}); continue it with --resume {last}, "
                              f"or give another --out-dir (or delete that one first).")
+        found = run_dir.newest_checkpoint(out) if held else None
+        if found:                                # killed in its first save of checkpoint_last.pt
+            stored = checkpoint.load(found[0]).config.get("run", {}).get("out_dir")
+            moved = not stored or Path(stored).resolve() != out.resolve()
+            resume = f"python -m flashlab {command} --resume {found[0]}" + (f" --out-dir {out}" if moved else "")
+            raise UsageError(f"--out-dir: {out} holds a run already, whose save of {last.name} was cut short; its "
+                             f"newest complete checkpoint is {found[0]} (step {found[1]}): continue it with {resume} "
+                             f"(or --resume auto --out-dir {out}), or give another --out-dir (or delete that one "
+                             f"first).")
         if held:                                 # a run stopped before its first checkpoint: nothing to resume
             raise UsageError(f"--out-dir: {out} holds a run already (metrics.csv, no checkpoint to resume from); "
                              f"give another --out-dir, or delete that one first.")
         return []
     resume = Path(run.resume)
-    if "out_dir" not in args.given and resume.resolve().parent != out.resolve():
-        raise UsageError(f"--out-dir: {resume} was saved by the run in {out}, and resuming writes to the run's "
-                         f"directory; give --out-dir {resume.parent} to continue beside this file, or --out-dir {out} "
-                         f"to continue in that directory.")
     notes = [f"resume: from step {resumed_step}, writing to {out}"]
     if last.exists() and last.resolve() != resume.resolve():
         try:
@@ -399,18 +435,51 @@ def _output_notes(args, run, resumed_step) -> list[str]:
     return notes
 
 
+def _stamp(path):
+    """What changes when a file is replaced (a new checkpoint_last.pt is a new inode), or None."""
+    try:
+        stat = os.stat(path)
+    except (OSError, TypeError):
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _resume_auto(args) -> None:
+    """``--resume auto``: the newest complete checkpoint in --out-dir, or a new run where there is none."""
+    if args.resume != "auto":
+        return
+    if not args.out_dir:
+        raise UsageError("--resume: auto resumes the newest complete checkpoint in --out-dir; add --out-dir DIR.")
+    found = run_dir.newest_checkpoint(args.out_dir) if Path(args.out_dir).is_dir() else None
+    args.resume = str(found[0]) if found else None
+    args.resume_note = (f"resume auto: the newest complete checkpoint in {args.out_dir} is {found[0]} (step "
+                        f"{found[1]})" if found else f"resume auto: {args.out_dir} holds no checkpoint: a new run "
+                                                        f"starts")
+
+
 def _build_trainer(trainer_class, args, task, run):
     _existing_file("--resume", run.resume)
+    resume_stamp = _stamp(run.resume)
     changed, resumed_step = [], None
     if run.resume:
         try:
-            task, run, changed, resumed_step = _adopt_from_checkpoint(args, task, run, trainer_class.checkpoint_kind)
+            task, run, changed, resumed_step = _adopt_from_checkpoint(args, task, run, trainer_class)
         except CheckpointError as exc:
             raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
     task.check()
     run.check()
     trainer = trainer_class(task, run)        # checks the checkpoint against the run (fixed settings) first
-    notes = _output_notes(args, run, resumed_step)
+    trainer.check_memory()                    # what training will hold, against the device's free memory
+    _check_where_to_write(args, run)
+    # one run at a time in --out-dir (flashlab.train.run_dir), held until the command ends; what the run
+    # finds there is looked at once it holds it
+    trainer.hold_out_dir()
+    if run.resume and _stamp(run.resume) != resume_stamp:
+        raise UsageError(f"--resume: {run.resume} was replaced while this run started, by the run that held "
+                         f"{run.out_dir} and has ended since; resume again to continue from where that run stopped.")
+    notes = _output_notes(args, run, resumed_step, trainer_class.command)
+    if getattr(args, "resume_note", None):
+        notes.insert(0, args.resume_note)
     if changed:                            # said once the run is accepted (a refused one prints only its error)
         print("resume: changed from the checkpoint: " + "; ".join(changed), flush=True)
     for note in notes:
@@ -431,6 +500,7 @@ def _chosen_task(args) -> str:
 def _train(args) -> None:
     from flashlab.train.trainer import RunConfig
 
+    _resume_auto(args)
     task = _chosen_task(args)
     config_class, trainer_class = _task_classes(task)
     others = set().union(*(_field_names(_task_classes(t)[0]) for t in TASKS if t != task)) - _field_names(config_class)
@@ -462,6 +532,7 @@ def _train_tsp(args) -> None:
     from flashlab.train.trainer import TrainingInterrupted
     from flashlab.train.tsp_train import KOOL_RUN, TSPConfig, TSPTrainer
 
+    _resume_auto(args)
     trainer = _build_trainer(TSPTrainer, args, _config_from(args, TSPConfig()), _config_from(args, KOOL_RUN))
     _say_if_out_of_time(trainer)
     try:
@@ -480,8 +551,14 @@ def _train_tsp(args) -> None:
 def _export_tsp(trainer) -> None:
     """am_tspN.pt in the run's directory (rank 0, with an out_dir), as eval-tsp loads it."""
     if trainer.rank == 0 and trainer.run.out_dir:
-        trainer.export(f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt",
-                       train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision)
+        path = f"{trainer.run.out_dir}/am_tsp{trainer.task_config.n_nodes}.pt"
+        try:
+            trainer.export(path, train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision)
+        except OSError as exc:                 # the run is saved; only its policy file is missing
+            last = Path(trainer.run.out_dir) / "checkpoint_last.pt"
+            raise RunFilesError(f"exporting {path} failed: {exc.strerror or exc}; the run itself is saved in {last} "
+                                f"(step {trainer.step}): fix that, then write the policy with: python -m flashlab "
+                                f"export-tsp --checkpoint {last} --out {path}") from exc
 
 
 def _say_if_out_of_time(trainer) -> None:
@@ -550,6 +627,7 @@ def _eval_tsp(args) -> None:
     _check_output_file("--save-tours", args.save_tours, overwrite=args.overwrite,
                        reading={"--checkpoint": args.checkpoint})
 
+    from flashlab.train import memory
     from flashlab.train.model import ATTENTION
     from flashlab.train.trainer import default_attention
     from flashlab.train.tsp import (
@@ -572,6 +650,8 @@ def _eval_tsp(args) -> None:
                              f"give --nodes N.")
         args.nodes = trained_on
     inference = _eval_tsp_inference(args)
+    memory.check_tsp_evaluation_fits(args.nodes, args.instances, model.init_embed.out_features, torch.device(device),
+                                     trained_on if isinstance(trained_on, int) else None, default_instances=10000)
     print(f"attention: {backend} on {device}")
     if isinstance(trained_on, int) and trained_on != args.nodes:
         print(f"  (trained on TSP{trained_on}, evaluated on TSP{args.nodes})")
@@ -597,7 +677,10 @@ def _eval_tsp(args) -> None:
     if metadata:
         print("  checkpoint:", ", ".join(f"{k}={v}" for k, v in metadata.items()))
     if args.save_tours:
-        save_tours(args.save_tours, args.seed, result["tours"], result["lengths"])
+        try:
+            save_tours(args.save_tours, args.seed, result["tours"], result["lengths"])
+        except OSError as exc:
+            raise _write_failed("--save-tours", args.save_tours, exc) from exc
         print(f"  the test seed, tours and lengths written to {args.save_tours} (flashlab.train.tsp.load_tours "
               f"reads them, the cities drawn again from the seed)")
 
@@ -616,7 +699,10 @@ def _export_tsp_command(args) -> None:
     _check_output_file("--out", args.out, overwrite=args.overwrite, reading={"--checkpoint": args.checkpoint})
     from flashlab.train.tsp_train import export_policy
 
-    trainer = export_policy(args.checkpoint, args.out)
+    try:
+        trainer = export_policy(args.checkpoint, args.out)
+    except OSError as exc:
+        raise _write_failed("--out", args.out, exc) from exc
     print(f"{args.out}: the TSP{trainer.task_config.n_nodes} policy at step {trainer.step} "
           f"({trainer.train_seconds / 60:.2f} min of training); evaluate it with eval-tsp --checkpoint {args.out}")
 
@@ -743,6 +829,9 @@ def main(argv=None) -> int:
     except (UsageError, ConfigError, CheckpointError) as exc:
         print(f"{prog}: error: {' '.join(_one_line(command, exc).split())}", file=sys.stderr)
         return 2
+    except RunFilesError as exc:          # a full or read-only disk …: what failed, and what is safe
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:       # Ctrl-C or SIGTERM: a training run stops between steps, and says so
         from flashlab.train.trainer import StoppedAtOnce, TrainingInterrupted
 
@@ -759,5 +848,7 @@ def main(argv=None) -> int:
             print(f"{prog}: stopped: {exc}", file=sys.stderr)
             return 1
         raise
+    finally:
+        run_dir.release_all()             # the --out-dir this command held, for a caller that goes on
     return 0
 

@@ -4,11 +4,15 @@ every process that tunes), and the decisions shipped with the package for the co
 
 Both are plain JSON objects mapping a text key to a configuration's name (``str(Config)``).
 A file is trusted for nothing: anything that is not such an object (a list, ``null``, a
-number, garbage, an entry whose value is not a string) is reported once in a warning and
-ignored, and the affected shapes are tuned again. Several processes (a data-parallel job,
+number, garbage, JSON nested too deep to parse, a directory, an entry whose value is not a
+string) is reported once in a warning and ignored, and the affected shapes are tuned again;
+a UTF-8 byte-order mark (an editor's) is read past. Several processes (a data-parallel job,
 two notebooks) may tune at once: each write takes an exclusive lock on a lock file beside
 the cache, reads what the others wrote, adds its own decisions and replaces the file
-atomically, so no decision is lost and no reader ever sees half a file.
+atomically, as checkpoints are written: a temporary file of an unpredictable name created
+exclusively in the same directory (``mkstemp``: a file or symlink planted there is never
+written through), fsynced, then ``os.replace``; no decision is lost, no reader ever sees half
+a file, and a failed write leaves no temporary file behind.
 
 Standard library only, so the cache can be used (and tested across processes) without
 importing torch.
@@ -20,7 +24,7 @@ import contextlib
 import json
 import os
 import re
-import threading
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -63,9 +67,10 @@ def read_decisions(path: str | os.PathLike) -> dict[str, str]:
         _warn(f"cannot read the cache {path} ({exc}): tuning again")
         return {}
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:          # JSONDecodeError and UnicodeDecodeError (binary garbage)
-        _warn(f"the cache {path} is not valid JSON ({exc}): ignoring it and tuning again "
+        data = json.loads(raw.decode("utf-8-sig"))       # -sig: a byte-order mark is read past
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError, UnicodeDecodeError (binary), nesting too deep
+        reason = "nested too deep to parse" if isinstance(exc, RecursionError) else exc
+        _warn(f"the cache {path} is not valid JSON ({reason}): ignoring it and tuning again "
               "(the next decision rewrites it)")
         return {}
     return valid_decisions(data, f"the cache {path}")
@@ -79,7 +84,10 @@ def _locked(path: str):
     if fcntl is None:                 # pragma: no cover
         yield
         return
-    with open(f"{path}.lock", "a") as lock:
+    # O_NOFOLLOW: a symlink planted at the lock's name is refused (OSError), not opened
+    fd = os.open(f"{path}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
+                 0o644)
+    with open(fd, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -97,10 +105,22 @@ def merge_decisions(path: str | os.PathLike, new: dict[str, str]) -> dict[str, s
     with _locked(path):
         merged = read_decisions(path)
         merged.update(new)
-        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(partial, "w", encoding="utf-8") as f:
-            json.dump(merged, f, indent=0, sort_keys=True)
-        os.replace(partial, path)      # atomic: a reader sees the old file or the new one
+        handle, partial = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                           dir=os.path.dirname(path))
+        try:
+            # the mode an open() would give, or the file's own (mkstemp's is 0600)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(partial, os.stat(path).st_mode & 0o777 if os.path.isfile(path) else 0o666 & ~umask)
+            with open(handle, "w", encoding="utf-8") as f:
+                json.dump(merged, f, indent=0, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)  # atomic: a reader sees the old file or the new one
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+            raise
     return merged
 
 
@@ -121,8 +141,8 @@ def read_shipped(gpu_name: str) -> dict[str, str]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError) as exc:
         _warn(f"cannot read the shipped decisions {path} ({exc}): tuning instead")
         return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("gpu") != gpu_name:

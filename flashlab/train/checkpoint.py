@@ -15,7 +15,11 @@ state or the config is found at load time and the file refused, never trained on
 Saving writes a temporary file in the target's directory, flushes and fsyncs it, and
 renames it over the target with ``os.replace`` (atomic on POSIX and Windows): a process
 killed at any moment leaves either the previous complete checkpoint or the new one, never
-a torn file.
+a torn file. The temporary file's name carries the writer's process id, so that cleaning up
+after a killed writer never deletes the file another live process is writing.
+
+Loading checks the outer zip archive's CRC-32s before unpickling anything: a flipped bit in
+its pickle is damage, and is reported as such, not as an object that could run code.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import pickle
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +127,8 @@ def write_atomically(path, data: bytes) -> None:
     path = Path(path)
     directory = path.parent
     remove_interrupted_writes(directory, path.name)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    # the writer's pid in the name: `remove_interrupted_writes` leaves a live writer's file alone
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
         os.chmod(temporary, _file_mode(path))                         # mkstemp's 0600 → what open() would give
         with open(handle, "wb") as f:
@@ -146,10 +152,33 @@ def write_atomically(path, data: bytes) -> None:
 
 def remove_interrupted_writes(directory, name: str = "*") -> None:
     """Delete the temporary files that `write_atomically` left in ``directory`` for files named
-    ``name`` (a glob pattern) when a process was killed mid-save."""
+    ``name`` (a glob pattern) when a process was killed mid-save; a file whose writer (the
+    process id in its name) is still alive is being written, and stays."""
     for stale in Path(directory).glob(f".{name}.*.tmp"):
+        writer = _writer_of(stale.name)
+        if writer is not None and writer != os.getpid() and _alive(writer):
+            continue
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
+
+
+def _writer_of(name: str) -> int | None:
+    """The process id in a temporary file's name (``.<target>.<pid>.<random>.tmp``), or None for a
+    name without one."""
+    parts = name.removesuffix(".tmp").rsplit(".", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:              # another user's live process
+        return True
+    except (OverflowError, OSError):     # not a process id this system can have
+        return False
+    return True
 
 
 def _file_mode(path: Path) -> int:
@@ -183,19 +212,40 @@ def _not_a_checkpoint(path, why: str) -> CheckpointError:
                            f"written by flashlab.")
 
 
-def _check_torch_file(path) -> None:
+def _check_torch_file(path) -> bytes:
     """Refuse, unread, a file that torch.save cannot have written (a README, an image …): its
-    load would fail inside the unpickler with a message about unsafe objects, which is wrong."""
+    load would fail inside the unpickler with a message about unsafe objects, which is wrong.
+    Returns the file's first bytes."""
     with open(path, "rb") as f:
         head = f.read(16)
     # empty: left to torch.load, whose EOFError says "cut short", the likely story of an empty .pt
     if head and not head.startswith((_ZIP_MAGIC, *_PICKLE_PROTOCOLS)):
         raise _not_a_checkpoint(path, f"not a torch.save zip archive: it starts with {head!r}")
+    return head
+
+
+def _check_archive(path) -> None:
+    """The zip archive's own checksums (a CRC-32 per member, written by torch.save): a flipped
+    bit in the outer pickle, which the payload's SHA-256 does not cover, is found here and called
+    damage, before the unpickler could take it for an object it refuses as unsafe."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except OSError:
+        raise
+    except Exception as exc:             # a damaged directory fails in many ways (BadZipFile, zlib, struct …)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint: {path} is not a complete checkpoint file ({first}); it was probably cut "
+                              f"short or corrupted: resume from an earlier one.") from None
+    if damaged is not None:
+        raise CheckpointError(f"checkpoint: {path} is corrupted: its member {damaged} does not match the CRC-32 "
+                              f"recorded when it was saved; refused. Resume from an earlier checkpoint.")
 
 
 def _torch_load(source, path, map_location):
     if isinstance(source, (str, os.PathLike)):
-        _check_torch_file(source)
+        if _check_torch_file(source).startswith(_ZIP_MAGIC):
+            _check_archive(source)
     try:
         with warnings.catch_warnings():
             # a raw pickle (not torch.save's zip) makes torch warn about its protocol before failing; the
@@ -238,7 +288,11 @@ def load(path, kind: str | tuple[str, ...] | None = None, map_location="cpu") ->
     if not path.is_file():
         raise CheckpointError(f"checkpoint: {path} does not exist (or is not a file); give the path of a .pt file "
                               f"written by flashlab.")
-    outer = _torch_load(str(path), path, "cpu")
+    try:
+        outer = _torch_load(str(path), path, "cpu")
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint: cannot read {path} ({exc.strerror or exc}); give a checkpoint you can "
+                              f"read.") from None
     if not isinstance(outer, dict) or outer.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint: {path} is not a flashlab checkpoint (no format marker; written by an "
                               f"older flashlab or another program). Convert a trusted old file with "
@@ -279,7 +333,40 @@ def convert_legacy(source, target, kind: str, split_config=None) -> None:
     converted. ``split_config``: a function from the old config dict to the new one."""
     old = _torch_load(str(source), Path(source), "cpu")
     if isinstance(old, dict) and old.get("format") == FORMAT:
-        raise CheckpointError(f"{source} is in this format already (kind {old.get('kind')!r}); load it as it is.")
+        raise CheckpointError(f"checkpoint: {source} is in this format already (kind {old.get('kind')!r}); load it "
+                              f"as it is.")
+    if not isinstance(old, dict):
+        raise CheckpointError(f"checkpoint: {source} holds a {type(old).__name__}, not the dict of tensors and "
+                              f"settings of the first flashlab format; there is nothing to convert.")
     config = old.pop("config", {})
     metadata = old.pop("metadata", {})
     save(target, kind, split_config(config) if split_config else config, old, metadata)
+
+
+def check_weights(path, what: str, saved, module: torch.nn.Module) -> None:
+    """Raise `CheckpointError` unless ``saved`` (a checkpoint's state dict for ``what``, e.g. "model")
+    has exactly ``module``'s keys, each a tensor of the module's shape, every floating-point one
+    finite: what ``load_state_dict`` would otherwise fail on in many lines, or accept (NaN)."""
+    expected = module.state_dict()
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint: {path} holds no {what} weights (a {type(saved).__name__} where a dict of "
+                              f"tensors belongs); the file is damaged or was not written by flashlab.")
+    missing = [k for k in expected if k not in saved]
+    unexpected = [str(k) for k in saved if k not in expected]
+    if missing or unexpected:
+        first = f"{missing[0]} missing" if missing else f"{unexpected[0]} unexpected"
+        more = len(missing) + len(unexpected) - 1
+        raise CheckpointError(f"checkpoint: {path}: its {what} weights do not fit the model its settings describe "
+                              f"({first}{f', and {more} more differences' if more else ''}); the file is damaged "
+                              f"or was not written by flashlab.")
+    for name, value in saved.items():
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"checkpoint: {path}: its {what} weight {name} is a {type(value).__name__}, not a "
+                                  f"tensor; the file is damaged or was not written by flashlab.")
+        if value.shape != expected[name].shape:
+            raise CheckpointError(f"checkpoint: {path}: its {what} weight {name} has shape {tuple(value.shape)} where "
+                                  f"the model its settings describe has {tuple(expected[name].shape)}; the file is "
+                                  f"damaged or was not written by flashlab.")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"checkpoint: {path}: its {what} weight {name} holds NaN or infinite values (the "
+                                  f"run that saved it had diverged); refused. Resume from an earlier checkpoint.")

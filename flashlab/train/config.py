@@ -126,6 +126,27 @@ def resume_mismatches(config, stored: dict) -> list[str]:
     return lines
 
 
+def stored_problem(config_class, stored, whole: bool = True) -> str | None:
+    """What is wrong with ``stored``, a checkpoint's settings for ``config_class``, or None: the
+    checks the command line applies to an option (type, choices, range) on every field, an unknown
+    setting, and with ``whole`` the class's checks across fields (``check()``: d_model divisible by
+    n_heads …). A setting the checkpoint lacks takes its default, as for a file of an older flashlab."""
+    if not isinstance(stored, dict):
+        return f"a {type(stored).__name__} where a dict of settings belongs"
+    names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(str(k) for k in stored if k not in names)
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        return f"{unknown[0]!r}{more} is no setting of {config_class.__name__}"
+    try:
+        config = config_class(**stored)
+        if whole and hasattr(config, "check"):
+            config.check()
+    except ConfigError as exc:
+        return f"{exc.field}: {exc.reason.rstrip('.')}"
+    return None
+
+
 def owner_of(name: str, *configs):
     """The first of ``configs`` that has a field ``name``."""
     for config in configs:

@@ -66,6 +66,9 @@ class DocumentsConfig(FieldsChecked):
         check_fields(self)
         if self.d_model % self.n_heads:
             raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}; pick a divisor.")
+        if self.max_period > self.max_len:
+            raise ConfigError("max_period", f"{self.max_period} is longer than max_len={self.max_len}: no document "
+                                            f"could repeat its pattern; give at most {self.max_len}.")
         if self.packing == "packed" and self.attention == "flashlab" and self.dropout > 0:
             raise ConfigError("dropout", f"{self.dropout} with packing=packed and attention=flashlab: "
                                          "varlen_attention has no dropout; give 0, or packing=padded.")
@@ -84,6 +87,7 @@ class DocumentsTrainer(Trainer):
     checkpoint_kind = "documents-training-state"
     metric_name = "accuracy"
     work_unit = "tokens"
+    size_fields = ("max_len", "d_model", "n_layers", "vocab_size", "batch_size")
 
     def __init__(self, task: DocumentsConfig | None = None, run=None):
         self._drawn = None                           # (step, its documents)
@@ -111,6 +115,19 @@ class DocumentsTrainer(Trainer):
 
     def _flops_per_step(self) -> float:
         return 0.0      # the tokens of a step vary with the drawn lengths: tokens_per_s is the measure (no MFU)
+
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
+        """As the base Trainer's, for a micro-batch of documents of the mean length (max_len·mean_fraction)."""
+        weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"weights": weight * self._parameter_count(task)}
+        act = self.precision.compute_dtype.itemsize
+        micro = max(1, run.batch_size // (run.grad_accum * self.world))
+        tokens = micro * max(1.0, task.max_len * task.mean_fraction)
+        kept = 1 if task.checkpoint_blocks else 5
+        return {"weights, gradients and AdamW's moments": 4 * weight * self._parameter_count(task),
+                "a micro-batch's activations": tokens * (task.n_layers * kept * task.d_model * act
+                                                         + 2 * 4 * task.vocab_size)}
 
     # ---------------------------------------------------------------- data
     def global_batch(self, step: int) -> list[torch.Tensor]:

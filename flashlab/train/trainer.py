@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from flashlab.launch.timing import attention_flops, peak_flops
 
-from . import checkpoint
-from .config import ConfigError, FieldsChecked, apply_changes, check_fields, option, resume_mismatches
+from . import checkpoint, memory, run_dir
+from .config import ConfigError, FieldsChecked, apply_changes, check_fields, option, resume_mismatches, stored_problem
 from .mixed_precision import PRECISIONS, get_precision
 from .model import CausalTransformer
 from .tasks import IGNORE_INDEX, AssociativeRecall, lookback
@@ -105,13 +105,23 @@ class RunConfig(FieldsChecked):
                                       "0 = checkpoint_last.pt at the end only", low=0)
     keep_checkpoints: int = option(0, "keep only the newest this many checkpoint_<step>.pt files (checkpoint_last.pt "
                                       "always stays); 0 = keep every one", low=0)
-    resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt); "
-                                      "the command line takes its fixed settings unless given")
+    resume: str | None = option(None, "continue from this training-state checkpoint (e.g. OUT_DIR/checkpoint_last.pt), "
+                                      "or auto: the newest complete checkpoint in out_dir (a new run if it holds "
+                                      "none); the command line takes its fixed settings unless given")
     log_every: int = option(10, "update the progress bar's numbers every this many steps", low=1)
     progress: bool = option(True, "show a progress bar")
 
     def check(self) -> None:
         check_fields(self)
+        if self.out_dir == "":
+            raise ConfigError("out_dir", "'' is an empty path; give a directory (created if missing), or none at all "
+                                         "to save nothing.")
+        if self.resume == "":
+            raise ConfigError("resume", "'' is an empty path; give a checkpoint's path, or auto to resume the newest "
+                                        "one in out_dir.")
+        if self.resume == "auto" and not self.out_dir:
+            raise ConfigError("resume", "auto resumes the newest checkpoint in out_dir, and no out_dir is given; add "
+                                        "one.")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device", "cuda was asked for but no CUDA GPU is visible to torch; use cpu or auto.")
         # on a CPU, reduce-overhead compiles as default does and then records no CUDA graph: the
@@ -265,8 +275,11 @@ class Trainer:
 
     task_config_class = RecallConfig
     checkpoint_kind = "lm-training-state"
+    command = "train"                 # the command that resumes its checkpoints: python -m flashlab <command>
     metric_name = "accuracy"          # the per-step task metric in the history and the CSV
     work_unit = "tokens"              # what the throughput column counts: <work_unit>_per_s
+    # the settings that size the model and the batch: a refused size names one of them (`_check_memory`)
+    size_fields = ("seq_len", "d_model", "n_layers", "vocab_size", "n_heads", "batch_size")
     clock = staticmethod(time.perf_counter)   # the training clock (time limit); tests give a fake one
 
     def __init__(self, task=None, run: RunConfig | None = None):
@@ -295,6 +308,7 @@ class Trainer:
         if run.out_dir and self.rank == 0:
             _check_writable_dir(run.out_dir)
         self.micro_batch = run.batch_size // (run.grad_accum * self.world)
+        self._check_memory(training=False)            # the model's weights, before they are allocated
         torch.backends.cuda.matmul.allow_tf32 = run.tf32
         torch.backends.cudnn.allow_tf32 = run.tf32
 
@@ -330,19 +344,147 @@ class Trainer:
             if self.device.type == "cuda" else None
         self._stop_requests: list[int] = []   # signals this process was sent during fit (`_stop_between_steps`)
         self._ranks_agree_to_stop = False     # distributed: every rank stops after this step (`train_step`)
+        self._out_dir_lock: Path | None = None   # the out_dir this trainer holds (`hold_out_dir`)
+        self._last_good: tuple[Path, int] | None = None   # (checkpoint, step) a failed write's message names
+        if run.resume == "auto":                  # the newest complete checkpoint in out_dir, else a new run
+            found = run_dir.newest_checkpoint(run.out_dir, kind=self.checkpoint_kind)
+            self.run = run = dataclasses.replace(run, resume=str(found[0]) if found else None)
         self._out_dir_is_ours = bool(run.resume)   # resuming continues a run; a fresh one may not write over one
         if run.resume:
             self.load(run.resume)
+            self._last_good = (Path(run.resume), self.step)
+
+    # ---------------------------------------------------------------- the run's directory and files
+    def hold_out_dir(self) -> None:
+        """Take run.out_dir for this run until `release_out_dir` (or the process ends): rank 0 takes
+        its lock (`flashlab.train.run_dir.hold`), and under torchrun every rank learns the outcome,
+        so that all of them refuse together or run together. Raises `ConfigError` on out_dir while
+        another run holds it."""
+        if self._out_dir_lock is not None or not self.run.out_dir:
+            return
+        refusal = None
+        if self.rank == 0:
+            try:
+                run_dir.hold(self.run.out_dir)
+            except ConfigError as exc:
+                refusal = exc.reason
+        if self.world > 1:
+            said = [refusal]
+            dist.broadcast_object_list(said, src=0)
+            refusal = said[0]
+        if refusal:
+            raise ConfigError("out_dir", refusal)
+        self._out_dir_lock = Path(self.run.out_dir)
+
+    def release_out_dir(self) -> None:
+        if self._out_dir_lock is not None and self.rank == 0:
+            run_dir.release(self._out_dir_lock)
+        self._out_dir_lock = None
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """Around a write of the run's files: an OSError (a full or read-only disk, a permission, an I/O
+        error) becomes a `flashlab.train.run_dir.RunFilesError` whose one line says ``what`` failed, the
+        last good checkpoint and the command that resumes from it."""
+        try:
+            yield
+        except run_dir.RunFilesError:
+            raise
+        except OSError as exc:
+            out = Path(self.run.out_dir) if self.run.out_dir else None
+            resume = None
+            if self._last_good is not None and self._last_good[1] < self.run.steps:
+                path = self._last_good[0]
+                elsewhere = out is not None and path.resolve().parent != out.resolve()
+                resume = f"{self.command} --resume {path}" + (f" --out-dir {out}" if elsewhere else "")
+            raise run_dir.files_failed(what, exc, self._last_good, resume, out) from exc
 
     def _refuse_another_runs_out_dir(self, out: Path) -> None:
         """A fresh run (no resume) refuses an out_dir that holds another run, as the command line does:
         its metrics.csv would be cut back to step 0 and checkpoint_last.pt replaced, and the other run's
         checkpoint_<step>.pt files left beside the new run's."""
         held = None if self._out_dir_is_ours else run_held_in(out)
-        if held:
-            hint = f"continue it with resume='{out / held}', " if held == "checkpoint_last.pt" else ""
-            raise ConfigError("out_dir", f"{out} holds a run already ({held}); {hint}give another out_dir, or "
+        if held == "checkpoint_last.pt":
+            raise ConfigError("out_dir", f"{out} holds a run already ({held}); continue it with resume="
+                                         f"'{out / held}', give another out_dir, or delete that one first.")
+        found = run_dir.newest_checkpoint(out) if held else None
+        if found:                                # killed in its first save of checkpoint_last.pt
+            raise ConfigError("out_dir", f"{out} holds a run already, whose save of checkpoint_last.pt was cut short; "
+                                         f"its newest complete checkpoint is {found[0]} (step {found[1]}): continue "
+                                         f"it with resume='{found[0]}' (or resume='auto'), give another out_dir, or "
                                          f"delete that one first.")
+        if held:
+            raise ConfigError("out_dir", f"{out} holds a run already ({held}); give another out_dir, or delete that "
+                                         f"one first.")
+
+    # ---------------------------------------------------------------- memory
+    def _parameter_count(self, task) -> int:
+        """Parameters of the model ``task`` describes, built on the meta device (no memory); a deep
+        one from its first two layers (10^8 layers would be 10^8 Python objects even there)."""
+        def count(task) -> int:
+            probe = object.__new__(type(self))
+            probe.task_config, probe.run = task, self.run
+            with torch.device("meta"):
+                return sum(p.numel() for p in probe.build_model().parameters())
+
+        layers = getattr(task, "n_layers", 1)
+        if layers <= 2:
+            return count(task)
+        one, two = count(dataclasses.replace(task, n_layers=1)), count(dataclasses.replace(task, n_layers=2))
+        return one + (layers - 1) * (two - one)
+
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
+        """Bytes one process of this run holds at least with ``task`` and ``run`` (`flashlab.train.memory`):
+        the weights with their gradients and AdamW's two moments, a micro-batch's activations that the
+        backward keeps (the block inputs and the MLP's hidden layer; the float32 logits and their
+        gradient), naive attention's scores, and on a CPU the step's token ids. Without ``training``, what
+        building the trainer allocates: the weights. A task with another model or batch overrides it."""
+        weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"weights": weight * self._parameter_count(task)}
+        act = self.precision.compute_dtype.itemsize
+        micro = max(1, run.batch_size // (run.grad_accum * self.world))
+        n, d = task.seq_len, task.d_model
+        kept = 1 if task.checkpoint_blocks else 5                   # d-wide values kept per token and block
+        needs = {"weights, gradients and AdamW's moments": 4 * weight * self._parameter_count(task),
+                 "a micro-batch's activations": micro * n * (task.n_layers * kept * d * act + 2 * 4 * task.vocab_size)}
+        if task.attention == "naive":
+            needs["naive attention's scores"] = 2 * act * micro * task.n_heads * n * n
+        if self.device.type == "cpu":
+            needs["the step's token ids"] = 2 * 8 * run.batch_size * n
+        return needs
+
+    def check_memory(self) -> None:
+        """Raise `ConfigError` (on the setting that costs most) if training would need more memory than
+        the device has free (`memory_needs`); `fit` checks it before its first step, the command line before
+        it says anything. Building the trainer checked its weights alone: a trainer built to hold a model,
+        never to train it, needs no more."""
+        self._check_memory(training=True)
+
+    def _check_memory(self, training: bool) -> None:
+        """Refuse (`ConfigError` on the setting that costs most) what `memory_needs` says exceeds the free
+        memory of the device, before it is allocated: processes of a torchrun job on one CPU count together."""
+        task, run = self.task_config, self.run
+        needs = self.memory_needs(task, run, training)
+        copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.device.type == "cpu" else 1
+        free, _ = memory.available_bytes(self.device)
+        if copies * sum(needs.values()) <= free:
+            return
+        without = {}
+        for name in self.size_fields:
+            config = task if name in {f.name for f in dataclasses.fields(task)} else run
+            default = next(f.default for f in dataclasses.fields(config) if f.name == name)
+            if getattr(config, name) == default:
+                continue
+            try:                         # the estimate of a config its own checks may refuse: memory only
+                smaller = dataclasses.replace(config, **{name: default})
+                without[name] = sum(self.memory_needs(*((smaller, run) if config is task else (task, smaller)),
+                                                      training).values())
+            except (ValueError, ZeroDivisionError, RuntimeError):
+                continue
+        name = memory.most_costly(sum(needs.values()), without) or "batch_size"
+        value = getattr(task if hasattr(task, name) else run, name)
+        memory.check_fits(needs, self.device, (name, value), copies)
 
     def _time_is_up(self) -> bool:
         """Training has taken run.time_limit_min (0: no limit), counted across resumes."""
@@ -491,18 +633,32 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> list[dict]:
-        from tqdm.auto import tqdm
-
+        """Train until run.steps (or the time limit, or a signal), holding run.out_dir throughout."""
+        self.check_memory()
         run = self.run
         out = Path(run.out_dir) if run.out_dir else None
+        took_out_dir = out is not None and self._out_dir_lock is None      # else the caller holds it (the CLI)
+        self.hold_out_dir()                      # one run at a time in out_dir, until this fit ends
+        try:
+            return self._fit_holding_out_dir(run, out)
+        finally:
+            if took_out_dir:
+                self.release_out_dir()
+
+    def _fit_holding_out_dir(self, run, out) -> list[dict]:
+        from tqdm.auto import tqdm
+
         if out and self.rank == 0:
             self._refuse_another_runs_out_dir(out)
-            out.mkdir(parents=True, exist_ok=True)
+            with self._writing(f"creating {out}"):
+                out.mkdir(parents=True, exist_ok=True)
             # a run killed after writing rows past its last checkpoint redoes those steps: drop their rows
-            _truncate_csv(out / "metrics.csv", self.step)
+            with self._writing(f"cutting {out / 'metrics.csv'} back to step {self.step}"):
+                _truncate_csv(out / "metrics.csv", self.step)
             # and one killed mid-save left a temporary file, which a save to the same name would remove, but
             # checkpoint_<step>.pt names do not repeat
-            checkpoint.remove_interrupted_writes(out, "checkpoint_*.pt")
+            with self._writing(f"removing the temporary files of interrupted saves in {out}"):
+                checkpoint.remove_interrupted_writes(out, "checkpoint_*.pt")
         self._out_dir_is_ours = True             # a later fit() of this trainer continues its own run
         bar = tqdm(total=run.steps, initial=min(self.step, run.steps), disable=not run.progress or self.rank != 0,
                    desc=f"train {run.precision} {self.task_config.attention}")
@@ -512,13 +668,15 @@ class Trainer:
             return out / "checkpoint_last.pt" if out and (out / "checkpoint_last.pt").is_file() else None
 
         self._ranks_agree_to_stop = False
-        with _stop_between_steps(threading.current_thread() is threading.main_thread(), last_saved) as stop:
-            self._stop_requests = stop
-            try:
-                self._fit_steps(run, out, bar, rate_label, stop)
-            finally:
-                self._stop_requests = []
-        bar.close()
+        try:
+            with _stop_between_steps(threading.current_thread() is threading.main_thread(), last_saved) as stop:
+                self._stop_requests = stop
+                try:
+                    self._fit_steps(run, out, bar, rate_label, stop)
+                finally:
+                    self._stop_requests = []
+        finally:
+            bar.close()                          # its line ends before any error is said
         if out:
             self.save(out / "checkpoint_last.pt")
         if stop:
@@ -540,7 +698,8 @@ class Trainer:
             metrics["train_seconds"] = self.train_seconds
             self.history.append(metrics)
             if out and self.rank == 0:
-                _append_csv(out / "metrics.csv", metrics)
+                with self._writing(f"appending step {metrics['step']} to {out / 'metrics.csv'}"):
+                    _append_csv(out / "metrics.csv", metrics)
             if metrics["step"] % run.log_every == 0 or self.step == run.steps:
                 postfix = {"loss": f"{metrics['loss']:.3f}", self.metric_name: f"{metrics[self.metric_name]:.3g}",
                            rate_label: f"{metrics[f'{self.work_unit}_per_s']:.3g}"}
@@ -551,7 +710,8 @@ class Trainer:
             if out and run.checkpoint_every and self.step % run.checkpoint_every == 0:
                 self.save([out / f"checkpoint_{self.step}.pt", out / "checkpoint_last.pt"])
                 if run.keep_checkpoints and self.rank == 0:
-                    _prune_checkpoints(out, run.keep_checkpoints)
+                    with self._writing(f"removing checkpoints older than the newest {run.keep_checkpoints} in {out}"):
+                        _prune_checkpoints(out, run.keep_checkpoints)
 
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict:
@@ -564,12 +724,17 @@ class Trainer:
                 "extra": self.extra_state()}
 
     def save(self, paths) -> None:
-        """Write the training state to ``paths`` (one or several), atomically (rank 0 writes)."""
+        """Write the training state to ``paths`` (one or several), atomically (rank 0 writes). A failed
+        write raises `flashlab.train.run_dir.RunFilesError`, naming the last good checkpoint."""
         if self.rank != 0:
             return
         config = {"task": dataclasses.asdict(self.task_config), "run": dataclasses.asdict(self.run)}
         # the device the run trained on (cpu or cuda): a resume elsewhere tells a GPU run's settings from a choice
-        checkpoint.save(paths, self.checkpoint_kind, config, self.state(), metadata={"device": self.device.type})
+        data = checkpoint.encode(self.checkpoint_kind, config, self.state(), metadata={"device": self.device.type})
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+            with self._writing(f"saving {path}"):
+                checkpoint.write_atomically(path, data)
+            self._last_good = (Path(path), self.step)
 
     def load(self, path) -> None:
         """Restore a training state saved by `save`, after checking that it comes from the same
@@ -583,6 +748,7 @@ class Trainer:
         max_bad_steps, logging, checkpointing, device, attention, dropout, query_rate."""
         try:
             saved = checkpoint.load(path, kind=self.checkpoint_kind, map_location=self.device)
+            self.check_saved_config(path, saved.config)            # as a whole: settings, weights, the rest
         except checkpoint.CheckpointError as exc:
             raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
         mismatches = (self.task_config.resume_mismatches(saved.config["task"])
@@ -591,19 +757,52 @@ class Trainer:
             raise ConfigError("resume", f"{path} comes from a different run: {'; '.join(mismatches)}. Give the "
                                         f"checkpoint's values, or start a new run without resume.")
         state = saved.state
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.step, self.skipped_steps = state["step"], state["skipped_steps"]
-        self.bad_in_a_row = state.get("bad_in_a_row", 0)
-        self.train_seconds = state["train_seconds"]
-        self.history = list(state["history"])
-        self.load_extra_state(state["extra"])
-        torch.set_rng_state(state["rng_cpu"].cpu())
-        if state["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        try:
+            step = state.get("step") if isinstance(state, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise checkpoint.CheckpointError(f"checkpoint: {path} holds no step count; the file is damaged or "
+                                                 f"was not written by flashlab.")
+            checkpoint.check_weights(path, "model", state.get("model"), self.model)
+            self.check_extra_state(path, state.get("extra"))
+        except checkpoint.CheckpointError as exc:
+            raise ConfigError("resume", str(exc).removeprefix("checkpoint: ")) from None
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.step, self.skipped_steps = state["step"], state["skipped_steps"]
+            self.bad_in_a_row = state.get("bad_in_a_row", 0)
+            self.train_seconds = float(state["train_seconds"])
+            self.history = list(state["history"])
+            self.load_extra_state(state["extra"])
+            torch.set_rng_state(state["rng_cpu"].cpu())
+            if state["rng_cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError("resume", f"{path} holds a training state this run cannot restore ({type(exc).__name__}: "
+                                        f"{first}); the file is damaged or was not written by flashlab: resume from "
+                                        f"another checkpoint.") from None
         self._apply_run_settings()
+
+    @classmethod
+    def check_saved_config(cls, path, config) -> None:
+        """Raise `flashlab.train.checkpoint.CheckpointError` unless a training state's settings
+        (``{"task": …, "run": …}``) pass the checks the command line applies to its options: the
+        task's fields and their consistency (`task_config_class`), the run's fields."""
+        if not isinstance(config, dict) or not all(isinstance(config.get(k), dict) for k in ("task", "run")):
+            raise checkpoint.CheckpointError(f"checkpoint: {path} holds no task and run settings; the file is damaged "
+                                             f"or was not written by flashlab.")
+        for key, config_class, whole in (("task", cls.task_config_class, True), ("run", RunConfig, False)):
+            problem = stored_problem(config_class, config[key], whole)
+            if problem:
+                raise checkpoint.CheckpointError(f"checkpoint: {path} holds {key} settings no run can have "
+                                                 f"({problem}); the file is damaged or was not written by flashlab.")
+
+    def check_extra_state(self, path, extra) -> None:
+        """Raise `flashlab.train.checkpoint.CheckpointError` unless ``extra`` (a checkpoint's
+        `extra_state`) can be restored; a task with extra state checks it."""
 
     def _apply_run_settings(self) -> None:
         """Put this run's optimisation settings into the restored optimizer and scheduler (whose
@@ -681,9 +880,16 @@ def _csv_header(path: Path) -> list[str] | None:
 
 
 def run_held_in(out_dir) -> str | None:
-    """The file that shows ``out_dir`` holds a run (checkpoint_last.pt, else metrics.csv: a run stopped before
-    its first checkpoint), or None: what a fresh run refuses to write over (`Trainer.fit`, the command line)."""
-    return next((name for name in ("checkpoint_last.pt", "metrics.csv") if (Path(out_dir) / name).exists()), None)
+    """The file that shows ``out_dir`` holds a run (checkpoint_last.pt; else a checkpoint_<step>.pt, left by a
+    run killed in its first save of checkpoint_last.pt; else metrics.csv: a run stopped before its first
+    checkpoint), or None: what a fresh run refuses to write over (`Trainer.fit`, the command line)."""
+    out = Path(out_dir)
+    if (out / "checkpoint_last.pt").exists():
+        return "checkpoint_last.pt"
+    numbered = sorted(out.glob("checkpoint_*.pt"))
+    if any(p.stem.removeprefix("checkpoint_").isdigit() for p in numbered):
+        return next(p.name for p in numbered if p.stem.removeprefix("checkpoint_").isdigit())
+    return "metrics.csv" if (out / "metrics.csv").exists() else None
 
 
 def _truncate_csv(path: Path, step: int) -> None:
@@ -722,11 +928,20 @@ def _append_csv(path: Path, metrics: dict) -> None:
     # header line is read: reading the whole file on every step made a run quadratic (15,000
     # TSP steps spent as long appending rows as training).
     header = _csv_header(path)
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")
-        if not header:
-            writer.writeheader()
-        writer.writerow(metrics)
+    size = path.stat().st_size if path.exists() else None
+    try:
+        with path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header or list(metrics), restval="", extrasaction="raise")
+            if not header:
+                writer.writeheader()
+            writer.writerow(metrics)
+    except OSError:                      # a full disk mid-row: the file as it was, no half row
+        with contextlib.suppress(OSError):
+            if size is None:
+                path.unlink(missing_ok=True)
+            else:
+                os.truncate(path, size)
+        raise
 
 
 def split_flat_config(flat: dict, task_class=RecallConfig) -> tuple:

@@ -9,8 +9,10 @@ Instances are ``(batch, n, 2)`` coordinates, uniform in the unit square; a tour 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -20,6 +22,7 @@ from torch import nn
 from flashlab.api.attention import attention, attention_qkvpacked
 
 from . import checkpoint
+from .config import ConfigError, FieldsChecked, check_fields, option, stored_problem
 
 # Kool et al. 2019, Table 1 (greedy decoding): optimal tour length and the AM's own result.
 PUBLISHED = {20: {"optimal": 3.84, "am_greedy": 3.85}, 50: {"optimal": 5.70, "am_greedy": 5.80},
@@ -388,6 +391,54 @@ def plot_tour(ax, coords: torch.Tensor, tour: torch.Tensor, style: str = "-", la
     ax.set(xlabel="x", ylabel="y", aspect="equal")
 
 
+@dataclass
+class ModelConfig(FieldsChecked):
+    """The Attention Model's architecture, as train-tsp's options declare it (`flashlab.train.tsp_train.TSPConfig`
+    takes these fields) and a tsp-model checkpoint is checked against on load."""
+
+    d_model: int = option(128, "embedding width", low=1, on_resume="fixed")
+    n_heads: int = option(8, "attention heads; must divide d_model", low=1, on_resume="fixed")
+    n_layers: int = option(3, "encoder layers", low=1, on_resume="fixed")
+    ff_dim: int = option(512, "feed-forward width", low=1, on_resume="fixed")
+    tanh_clip: float = option(10.0, "logits are clipped to ±tanh_clip·tanh(·)", low=0, low_open=True,
+                              on_resume="fixed")
+
+    def check(self) -> None:
+        check_fields(self)
+        if self.d_model % self.n_heads:
+            raise ConfigError("n_heads", f"{self.n_heads} does not divide d_model={self.d_model}; pick a divisor.")
+
+
+# a tsp-model checkpoint's names for ModelConfig's fields (the AttentionModel's arguments)
+_SAVED_NAMES = {"embed_dim": "d_model", "n_heads": "n_heads", "n_layers": "n_layers", "ff_dim": "ff_dim",
+                "tanh_clip": "tanh_clip"}
+
+
+def check_model_config(path, config) -> None:
+    """Raise `flashlab.train.checkpoint.CheckpointError` unless ``config``, a tsp-model checkpoint's
+    architecture (`save_model`), passes `ModelConfig`'s checks, the ones train-tsp applies to its options."""
+    if not isinstance(config, dict):
+        problem = f"a {type(config).__name__} where a dict of settings belongs"
+    elif set(config) - set(_SAVED_NAMES):
+        problem = f"{sorted(map(str, set(config) - set(_SAVED_NAMES)))[0]!r} is no setting of the Attention Model"
+    elif set(_SAVED_NAMES) - set(config):
+        problem = f"no {sorted(set(_SAVED_NAMES) - set(config))[0]}"
+    else:
+        problem = stored_problem(ModelConfig, {_SAVED_NAMES[k]: v for k, v in config.items()})
+    if problem:
+        raise checkpoint.CheckpointError(f"checkpoint: {path} holds a model architecture no model can have "
+                                         f"({problem}); the file is damaged or was not written by flashlab.")
+
+
+def model_field(name: str):
+    """`ModelConfig`'s field ``name`` declared again (default, help, range, resume rule), for a config
+    that holds the architecture with its other settings (`flashlab.train.tsp_train.TSPConfig`)."""
+    f = next(f for f in dataclasses.fields(ModelConfig) if f.name == name)
+    m = f.metadata
+    return option(f.default, m["help"], choices=m["choices"], low=m["low"], high=m["high"], low_open=m["low_open"],
+                  high_open=m["high_open"], on_resume=m["on_resume"])
+
+
 def save_model(model: AttentionModel, path, **metadata) -> None:
     """A "tsp-model" checkpoint (`flashlab.train.checkpoint`): the weights, the architecture and
     free-form plain metadata (training time, …), written atomically."""
@@ -401,7 +452,9 @@ def load_model(path, device="cpu", attention_fn=attention) -> tuple[AttentionMod
     Reads tensors and plain data only (``weights_only=True``) and verifies the checksum;
     raises `flashlab.train.checkpoint.CheckpointError` for anything else."""
     saved = checkpoint.load(path, kind="tsp-model", map_location=device)
+    check_model_config(path, saved.config)           # as train-tsp checks its options, then the weights
     model = AttentionModel(**saved.config, attention_fn=attention_fn).to(device)
+    checkpoint.check_weights(path, "model", saved.state.get("model") if isinstance(saved.state, dict) else None, model)
     model.load_state_dict(saved.state["model"])
     return model.eval(), saved.metadata
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checkpoint
 from .config import ConfigError, FieldsChecked, check_fields, option, resume_mismatches
 from .model import ATTENTION
 from .trainer import ATTENTION_HELP, RunConfig, Trainer, TrainingDiverged
-from .tsp import AttentionModel, random_instances, rollouts, save_model, shortest_tours, tour_length
+from .tsp import AttentionModel, model_field, random_instances, rollouts, save_model, shortest_tours, tour_length
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -89,12 +90,11 @@ class TSPConfig(FieldsChecked):
     clipping 1.0, batch 512) is `KOOL_RUN`."""
 
     n_nodes: int = option(20, "cities per instance", low=3, on_resume="fixed")
-    d_model: int = option(128, "embedding width", low=1, on_resume="fixed")
-    n_heads: int = option(8, "attention heads; must divide d_model", low=1, on_resume="fixed")
-    n_layers: int = option(3, "encoder layers", low=1, on_resume="fixed")
-    ff_dim: int = option(512, "feed-forward width", low=1, on_resume="fixed")
-    tanh_clip: float = option(10.0, "logits are clipped to ±tanh_clip·tanh(·)", low=0, low_open=True,
-                              on_resume="fixed")
+    d_model: int = model_field("d_model")              # the architecture: declared once, in tsp.ModelConfig
+    n_heads: int = model_field("n_heads")
+    n_layers: int = model_field("n_layers")
+    ff_dim: int = model_field("ff_dim")
+    tanh_clip: float = model_field("tanh_clip")
     attention: str = option("auto", ATTENTION_HELP, choices=("auto", "flashlab", "sdpa", "naive"))
     epoch_steps: int = option(250, "steps between baseline tests (an epoch)", low=1, on_resume="fixed")
     eval_instances: int = option(1000, "instances of the fixed set the baseline's t-test compares on", low=2,
@@ -128,8 +128,11 @@ class TSPTrainer(Trainer):
 
     task_config_class = TSPConfig
     checkpoint_kind = "tsp-training-state"
+    command = "train-tsp"
     metric_name = "tour_length"
     work_unit = "instances"
+    size_fields = ("n_nodes", "d_model", "ff_dim", "n_layers", "batch_size", "epoch_steps", "eval_instances",
+                   "rollout_batch")
 
     def __init__(self, task: TSPConfig | None = None, run: RunConfig | None = None):
         super().__init__(task, KOOL_RUN if run is None else run)
@@ -152,6 +155,27 @@ class TSPTrainer(Trainer):
 
     def _flops_per_step(self) -> float:
         return 0.0                                # decoding is sequential: MFU is not meaningful here
+
+    def memory_needs(self, task, run, training: bool = True) -> dict[str, float]:
+        """Bytes one process holds at least (`flashlab.train.memory`): the policy with its gradients and
+        AdamW's moments, and the baseline; the encoder's activations of a micro-batch and the decoder's
+        log-probabilities, a (micro-batch, n) tensor at each of n steps, kept for REINFORCE's backward; an
+        epoch's instances, which the baseline rolls out at once; the fixed evaluation set. Without
+        ``training``, what building the trainer allocates: policy, baseline and evaluation set."""
+        weight = self.precision.param_dtype.itemsize
+        if not training:
+            return {"the policy and the baseline": 2 * weight * self._parameter_count(task),
+                    "the evaluation set": task.eval_instances * task.n_nodes * 2 * 4}
+        act = self.precision.compute_dtype.itemsize
+        micro = max(1, run.batch_size // (run.grad_accum * self.world))
+        n, d = task.n_nodes, task.d_model
+        return {"weights, gradients, AdamW's moments and the baseline": 5 * weight * self._parameter_count(task),
+                "a micro-batch's encoder activations": micro * n * task.n_layers * (d + task.ff_dim) * act,
+                "the decoder's log-probabilities of a micro-batch": 2 * 4 * micro * n * n,
+                "an epoch's instances": task.epoch_steps * run.batch_size * n * (2 * 4 + 4),
+                "the baseline's rollout of a batch": min(task.rollout_batch, task.epoch_steps * run.batch_size) * n * d
+                * act,
+                "the evaluation set": task.eval_instances * n * 2 * 4}
 
     def global_batch(self, step):
         """Step ``step``'s instances (a function of seed and step) and the baseline's greedy tour
@@ -242,6 +266,13 @@ class TSPTrainer(Trainer):
     def extra_state(self):
         return {"baseline": self.baseline.state_dict(), "baseline_updates": self.baseline_updates}
 
+    def check_extra_state(self, path, extra) -> None:
+        if extra:                                  # the baseline, as the policy: keys, shapes, finite
+            if not isinstance(extra, dict) or not isinstance(extra.get("baseline_updates"), int):
+                raise checkpoint.CheckpointError(f"checkpoint: {path} holds no baseline update count; the file is "
+                                                 f"damaged or was not written by flashlab.")
+            checkpoint.check_weights(path, "baseline", extra.get("baseline"), self.baseline)
+
     def load_extra_state(self, state):
         if state:
             self.baseline.load_state_dict(state["baseline"])
@@ -265,17 +296,21 @@ def export_policy(state_path, out_path) -> TSPTrainer:
     the metadata train-tsp writes when a run ends: for a run stopped from outside (a kill, a
     machine's time limit) that left only its checkpoints. The trainer is rebuilt on the CPU with
     SDPA (nothing runs); returns it (its step and train_seconds say what was exported)."""
-    from . import checkpoint
-    from .trainer import RunConfig
-
     saved = checkpoint.load(state_path, kind="tsp-training-state", map_location="cpu")
+    TSPTrainer.check_saved_config(state_path, saved.config)        # the weights are checked as the run resumes
     task = TSPConfig(**{**saved.config["task"], "attention": "sdpa"})
     # nothing runs here, so nothing is compiled (a GPU run's reduce-overhead is refused on a CPU);
     # the metadata still records how the run was compiled
     run = RunConfig(**{**saved.config["run"], "device": "cpu", "resume": str(state_path), "out_dir": None,
                        "progress": False, "compile": "off"})
-    trainer = TSPTrainer(task, run)
+    try:
+        trainer = TSPTrainer(task, run)
+    except ConfigError as exc:                 # the training state's own weights or state: a --checkpoint error
+        if exc.field != "resume":
+            raise
+        raise checkpoint.CheckpointError(f"checkpoint: {exc.reason}") from None
     trainer.export(out_path, train_minutes=round(trainer.train_seconds / 60, 2), precision=trainer.run.precision,
                    compile=saved.config["run"].get("compile", "off"))
     return trainer
+
 

@@ -25,6 +25,7 @@ SERVER = r"""
 import json, os, sys, types
 import flashlab.train.checkpoint as ck
 from flashlab.cli import main          # torch and flashlab imported once, before any fork
+import flashlab.train.documents, tqdm.auto   # and what main imports as it runs (3 s of each child's CPU)
 
 def announce(event):
     print("EVENT", event, flush=True)
@@ -219,15 +220,24 @@ def test_sigint_and_sigterm_stop_between_steps_save_and_resume(tmp_path):
         assert len(list(csv.DictReader(metrics.open()))) == step + 2
 
 
-def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves(tmp_path):
+def test_sigterm_to_torchrun_stops_every_rank_after_one_step_and_saves(tmp_path, capsys):
     """A practitioner's trial: `kill -TERM` to torchrun (which forwards it to each worker) left only
     metrics.csv, since the workers had no stop handler. Now both ranks stop after the same step, rank 0
-    saves it, one line says so, and every finished step is in metrics.csv once."""
+    saves it, one line says so, and every finished step is in metrics.csv once. The ranks share their
+    run's --out-dir (rank 0 holds it, neither is refused), and another run into it is refused naming
+    rank 0, a worker of this torchrun."""
+    from flashlab.cli import main
+
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     process, metrics = _train_until_a_few_steps_are_logged([*TINY_TRAIN, "--batch-size", "8"], out, env,
                                                            launcher=["-m", "torch.distributed.run",
                                                                      "--nproc_per_node", "2"])
+    assert main(["train", *TINY_TRAIN, "--steps", "2", "--out-dir", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and f"--out-dir: {out} is in use by another run (process " in said, said
+    holder = int(said.split("(process ")[1].split()[0])
+    assert Path(f"/proc/{holder}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(process.pid)   # its parent
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     step = checkpoint.load(out / "checkpoint_last.pt").state["step"]

@@ -225,8 +225,15 @@ def test_a_fresh_run_refuses_a_directory_that_holds_another(tmp_path):
                                           r"continue it with resume='.*checkpoint_last.pt', give another out_dir"):
         train(*tiny(steps=2, out_dir=str(tmp_path)))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-    (tmp_path / "checkpoint_last.pt").unlink()                  # a run stopped before its first checkpoint
+    stopped = tmp_path / "stopped"                               # a run stopped before its first checkpoint
+    stopped.mkdir()
+    (stopped / "metrics.csv").write_bytes(before["metrics.csv"])
     with pytest.raises(ConfigError, match=r"holds a run already \(metrics.csv\); give another out_dir"):
+        Trainer(*tiny(steps=2, out_dir=str(stopped))).fit()
+    (tmp_path / "checkpoint_last.pt").unlink()                  # a run killed in its save of checkpoint_last.pt
+    with pytest.raises(ConfigError, match=r"whose save of checkpoint_last.pt was cut short; its newest complete "
+                                          rf"checkpoint is {tmp_path / 'checkpoint_4.pt'} \(step 4\): continue it "
+                                          r"with resume="):
         Trainer(*tiny(steps=2, out_dir=str(tmp_path))).fit()
     trainer.run = apply_changes((trainer.run,), {"steps": 6})[0]
     trainer.fit()                                                 # the same trainer continues its own run
