@@ -69,6 +69,13 @@ def enabled() -> bool:
     return switches.small_path()
 
 
+def general_kernels():
+    """A ``with`` block in which every shape runs the dense (tiled) kernels, none this path
+    (``FLASHLAB_SMALL_PATH=0`` inside, restored after). Notebooks 05 and 06 use it to check the
+    tiled kernels they print at sizes that would otherwise fit one tile."""
+    return switches.switched("FLASHLAB_SMALL_PATH", "0")
+
+
 def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
     """Both lengths within `max_keys`: the shape alone, whatever the switches say."""
     limit = max_keys(head_dim, dtype)

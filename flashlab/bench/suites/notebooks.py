@@ -11,10 +11,10 @@ minute left is recorded as skipped."""
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 from flashlab.bench.suite import Context, Suite
+from flashlab.launch.timing import Stopwatch
 
 NOTEBOOKS = Path(__file__).resolve().parents[3] / "notebooks"
 CELL_TIMEOUT_S = 600
@@ -70,7 +70,7 @@ def run(ctx: Context) -> None:
         notebook = copy.deepcopy(committed)
         client = NotebookClient(notebook, timeout=min(CELL_TIMEOUT_S, max(30, int(ctx.left_s()))),
                                 kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
-        started = time.perf_counter()
+        watch = Stopwatch()
         try:
             client.execute()
             row["status"] = "ran"
@@ -80,7 +80,7 @@ def run(ctx: Context) -> None:
         except Exception as exc:                  # a kernel that died or a cell past its time limit
             row["status"] = "error"
             row["error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-        row["seconds"] = round(time.perf_counter() - started, 1)
+        row["seconds"] = round(watch.seconds(), 1)
         row["code_cells"] = sum(cell.cell_type == "code" for cell in notebook.cells)
         row.update(compare(committed, notebook))
         nbformat.write(notebook, ctx.files / path.name)
