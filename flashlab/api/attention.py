@@ -38,10 +38,10 @@ from . import ops
 from .ops import FlashAttentionFunction  # noqa: F401  (notebook 06 shows its source)
 
 # Above this many (query block × key block) tiles a CPU call takes the PyTorch path instead of
-# the interpreted kernels: the interpreter costs about 15 ms a 32 × 32 tile forward and 30 ms
-# backward on the course's CPU, so this is a forward of ~15 s. N = 65,536 would be 4 M tiles,
-# about 17 hours; the PyTorch path (512 × 512 tiles) about 10× SDPA's time (N = 4,096, causal,
-# D = 64: 1.2 s against SDPA's 0.13 s on the course's shared CPU).
+# the interpreted kernels: the interpreter runs each tile as NumPy calls in Python, tens of
+# milliseconds a tile, so the limit keeps an interpreted call to seconds; N = 65,536 would be
+# 4 M tiles, hours. The PyTorch path computes the same blocks with torch ops (512 × 512 tiles):
+# a few times slower than SDPA, far faster than interpreting.
 INTERPRETER_MAX_TILES = 1024
 PYTORCH_BLOCK = 512             # the PyTorch path's tile: few Python iterations, O(N·512) memory
 

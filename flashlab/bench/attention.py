@@ -31,8 +31,8 @@ def _flex_attention():
     # The harness times the backward alone by calling autograd.grad(…, retain_graph=True)
     # repeatedly on one graph, which compiled backward functions refuse when they donate
     # buffers. And every (N, D, dtype, causal) is a recompile: past dynamo's default cache
-    # size flex_attention would silently fall back to its unfused implementation (the
-    # first H200 run did), so allow one compiled variant per shape of the sweep.
+    # size flex_attention would silently fall back to its unfused implementation,
+    # so allow one compiled variant per shape of the sweep.
     torch._functorch.config.donated_buffer = False
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))

@@ -1,5 +1,5 @@
 """The trainer's step benchmark: median step time, peak memory, tokens/s and MFU of one
-training configuration (the H200 measurements of notebooks 08 and 09)."""
+training configuration (the records notebooks 08 and 09 read)."""
 
 from __future__ import annotations
 

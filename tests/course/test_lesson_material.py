@@ -53,7 +53,8 @@ def test_no_maintainer_material_in_a_lesson(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_narrative_is_markdown_not_generated(path):
     cells = json.loads(path.read_text())["cells"]
-    generated = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and GENERATED_PROSE.search("".join(c["source"]))]
+    generated = [i for i, c in enumerate(cells)
+                 if c["cell_type"] == "code" and GENERATED_PROSE.search("".join(c["source"]))]
     assert not generated, (f"{path.name}: cells {generated} write prose with Markdown(f\"…\"); write it as a Markdown "
                            "cell under the cell that prints its numbers")
 

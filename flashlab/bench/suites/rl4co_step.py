@@ -91,8 +91,8 @@ def same_tours(weights, env, batch, device, size) -> dict:
     """Greedy tours of the sdpa and flashlab policies from the same weights and instances. In fp32
     they should agree but for near-ties, which an untrained policy's near-uniform choices make
     possible (on the CPU at the smoke size they agree). Under bf16 autocast, as they train, rounding
-    alone flips near-ties (2026-12-05's H200 run, bf16 only: 64%, 19% and 3% identical at 20, 50 and
-    100 cities, mean lengths within 0.1%). How many tours are identical, and the mean tour lengths."""
+    alone flips near-ties (results/<gpu>/rl4co.json holds how many). How many tours are identical, and
+    the mean tour lengths."""
     td = env.reset(batch_size=[batch]).to(device)
     check = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
