@@ -29,12 +29,12 @@ lab: install
 	$(BIN)/jupyter lab $(ROOT_FLAG) --notebook-dir=notebooks
 
 ## test: unit tests, exercise tests against solutions/, ruff, and nbval over every notebook
-# -n: pytest-xdist workers, one per core up to 4 (each holds its own PyTorch; notebooks run in kernels of their
+# --durations: the 25 slowest tests, to keep the run in its time budget. -n: pytest-xdist workers, one per core up to 4 (each holds its own PyTorch; notebooks run in kernels of their
 # own). conftest.py sends a notebook's cells to one worker in order and prints the exercise table as without -n.
 TEST_WORKERS ?= auto --maxprocesses=4
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --impl=solutions -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest --impl=solutions -n $(TEST_WORKERS) --durations=25
 
 ## test-ex: one exercise's tests against your exercises/, e.g. make test-ex EX=03 (EX=03b for 03b)
 # --tb=short: a failure shows the failing lines and the message with its hint, not every helper's

@@ -12,8 +12,8 @@ NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("[0-9][0-9]*.i
 
 # Each pattern, with what it catches.
 MAINTAINER_STRINGS = {
-    r"\b20\d\d-\d\d-\d\d\b": "a date (a dated path or a work-log entry)",
-    r"(?i)\bissue[ _-]?\d+\b": "an issue number",
+    r"(?<!\d)20\d\d-\d\d-\d\d(?!\d)": "a date (a dated path or a work-log entry)",
+    r"(?i)(?<![a-z])issue[ _-]?\d+(?!\d)": "an issue number",
     r"\b\d\d:\d\d UTC\b": "a work-log time",
     r"(?i)\bcommit\s+['\"‘“`]": "a commit named in prose",
     r"next_gpu_session|GPU_SESSIONS|\bmeasurements[/.]": "the measurement workflow's scripts",
