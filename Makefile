@@ -29,8 +29,8 @@ lab: install
 	$(BIN)/jupyter lab $(ROOT_FLAG) --notebook-dir=notebooks
 
 ## test: unit tests, exercise tests against solutions/, ruff, and nbval over every notebook
-# --durations: the 25 slowest tests, to keep the run in its time budget. -n: pytest-xdist workers, one per core up to 4 (each holds its own PyTorch; notebooks run in kernels of their
-# own). conftest.py sends a notebook's cells to one worker in order and prints the exercise table as without -n.
+# -n: pytest-xdist workers, one per core up to 4 (each holds its own PyTorch; notebooks run in kernels of their
+# own); --durations: the 25 slowest tests, to keep the whole run within its time budget. conftest.py sends a notebook's cells to one worker in order and prints the exercise table as without -n.
 TEST_WORKERS ?= auto --maxprocesses=4
 test: install
 	$(BIN)/ruff check .
