@@ -3,7 +3,9 @@ forward, size blocks for a given on-chip memory, see how numbers round in each f
 step through the TSP Attention Model's decoder.
 
 The drawing functions return matplotlib figures and work without a notebook (tests call
-them); the ``*_widget`` functions wrap them in ipywidgets sliders.
+them); the ``*_widget`` functions wrap them in ipywidgets sliders. A slider needs a running
+Jupyter kernel: called anywhere else, a ``*_widget`` function prints one line naming the drawing
+or report function to call instead, and returns None.
 """
 
 from __future__ import annotations
@@ -17,6 +19,26 @@ from flashlab.reference.tiled import tiled_attention_forward
 from .instrument import TileRecorder
 from .memory import dtype_bytes, format_bytes
 from .traffic import blocks_for_onchip_memory, naive_attention_traffic, tiled_forward_traffic
+
+
+def _in_jupyter() -> bool:
+    """Whether a Jupyter kernel runs this code: only there can a slider be drawn and moved."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _outside_jupyter(widget: str, instead: str) -> bool:
+    """True, after printing one line that says what to do, when no Jupyter kernel runs this code:
+    there ipywidgets would draw nothing and print its output area's terminal escape codes."""
+    if _in_jupyter():
+        return False
+    print(f"{widget}() is a slider for Jupyter: open the notebook in JupyterLab (make lab) to use it; "
+          f"in a script or terminal, call {instead} instead.")
+    return True
 
 
 def record_tiles(q, k, v, block_m, block_n, is_causal=False) -> list[dict]:
@@ -67,6 +89,9 @@ def draw_tile_step(steps, step, n_queries, n_keys, block_m, block_n, is_causal=F
 
 def tile_stepper_widget(n_queries=12, n_keys=16, head_dim=4, block_m=4, block_n=4, is_causal=True, seed=0):
     """A slider over the steps of a tiled forward on random inputs (one head)."""
+    if _outside_jupyter("tile_stepper_widget", "draw_tile_step(record_tiles(q, k, v, block_m, block_n, is_causal), "
+                                               "step, n_queries, n_keys, block_m, block_n, is_causal)"):
+        return None
     import ipywidgets as widgets
 
     gen = torch.Generator().manual_seed(seed)
@@ -116,6 +141,8 @@ def block_size_report(onchip_kib: int, head_dim: int, seq_len: int, dtype=torch.
 
 def block_size_calculator_widget():
     """Sliders for on-chip memory, head dimension and sequence length."""
+    if _outside_jupyter("block_size_calculator_widget", "print(block_size_report(onchip_kib, head_dim, seq_len))"):
+        return None
     import ipywidgets as widgets
 
     def show(onchip_kib=96, head_dim=64, log2_seq_len=12):
@@ -148,6 +175,8 @@ def number_formats_report(x: float) -> str:
 
 def number_formats_widget(value: float = 0.1):
     """Type a number, see what each floating-point format makes of it."""
+    if _outside_jupyter("number_formats_widget", "print(number_formats_report(x))"):
+        return None
     import html
 
     import ipywidgets as widgets
@@ -192,6 +221,8 @@ def draw_decoding_step(coords, tour, probabilities, step: int):
 
 def decoder_stepper_widget(model, coords):
     """A slider over the decoding steps of ``model`` (greedy) on one instance ``(n, 2)``."""
+    if _outside_jupyter("decoder_stepper_widget", "draw_decoding_step(coords, tour, probabilities, step)"):
+        return None
     import ipywidgets as widgets
 
     trace = []

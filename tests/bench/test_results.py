@@ -1,6 +1,6 @@
 """results/ holds records, not diaries: results/<gpu>/<record>.json (+ .log) is the current record of a
 suite, with its environment and the command that made it; no path carries a date or a run number;
-every record a notebook or the README names exists, and results/README.md says what each one is."""
+every record a notebook, the README or a page of docs/ names exists, and results/README.md says what each one is."""
 
 import json
 import re
@@ -55,6 +55,7 @@ def names_in(text: str) -> set[str]:
 
 def test_every_record_a_notebook_or_the_readme_names_exists():
     sources = {"README.md": (ROOT / "README.md").read_text()}
+    sources.update({f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))})
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         sources[path.name] = "\n".join("".join(cell["source"]) for cell in cells)

@@ -54,6 +54,9 @@ BACKWARD_MISTAKES = {
     "dQ unscaled": "dQ = dS K · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dQ (and to dK)",
     "dK unscaled": "dK = dSᵀ Q · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dK (and to dQ)",
     "dV scaled": "dV = Pᵀ dO has no softmax scale (it is inside P already); only dQ and dK take it",
+    "diagonal masked": "the causal mask also removed the diagonal (kj >= qi): causal keeps key j ≤ query i, so "
+                       "query i sees its own key. Mask only kj > qi. (With N = 1 the one key was masked: P = 0, "
+                       "so dV = Pᵀ dO = 0, while dQ = dK = 0 is right there whatever P is)",
 }
 
 
@@ -79,6 +82,12 @@ def backward_mistake(name: str, got: torch.Tensor, q, k, v, grad_out, is_causal:
                   "dQ unscaled": grads(p * (dp - delta), q_scale=1.0),
                   "dK unscaled": grads(p * (dp - delta), k_scale=1.0),
                   "dV scaled": grads(p * (dp - delta), v_scale=scale)}
+    if is_causal:     # P = exp(S − L) with the diagonal masked too: those entries 0, the rest as they were
+        on_diagonal = torch.arange(q.shape[-2])[:, None] == torch.arange(k.shape[-2])[None, :]
+        p_without = p.masked_fill(on_diagonal, 0.0)
+        candidates["diagonal masked"] = {"q": (p_without * (dp - delta)) @ k * scale,
+                                         "k": (p_without * (dp - delta)).transpose(-1, -2) @ q * scale,
+                                         "v": p_without.transpose(-1, -2) @ grad_out}
     got = got.detach().double().cpu()
     for mistake, wrong in candidates.items():
         want = wrong[name]

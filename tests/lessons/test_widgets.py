@@ -88,11 +88,14 @@ def test_decoder_trace_and_step_figure():
             assert len(lines["tour so far"].get_xdata()) == step
 
 
-def test_decoder_slider_counts_steps_as_the_figure_title_does():
+def test_decoder_slider_counts_steps_as_the_figure_title_does(monkeypatch):
     pytest.importorskip("ipywidgets")                  # the course installs it; a bare GPU machine may not
     import matplotlib.pyplot as plt
 
+    import flashlab.lessons.widgets as lesson_widgets
     from flashlab.lessons.widgets import decoder_stepper_widget
+
+    monkeypatch.setattr(lesson_widgets, "_in_jupyter", lambda: True)   # as in a notebook's kernel
     from flashlab.train.model import ATTENTION
     from flashlab.train.tsp import AttentionModel, random_instances
 
@@ -105,3 +108,19 @@ def test_decoder_slider_counts_steps_as_the_figure_title_does():
         plt.close("all")
         widget.f(step)                                             # what moving the slider to `step` calls
         assert plt.gcf().axes[0].get_title() == f"step {step} of 7"
+
+
+@pytest.mark.parametrize("name, args, instead", [
+    ("tile_stepper_widget", (), "draw_tile_step("),
+    ("block_size_calculator_widget", (), "block_size_report("),
+    ("number_formats_widget", (), "number_formats_report("),
+    ("decoder_stepper_widget", (None, None), "draw_decoding_step("),
+])
+def test_a_widget_outside_jupyter_says_what_to_do_in_one_line(capsys, name, args, instead):
+    """A learner trial ran tile_stepper_widget() in a terminal: two escape codes, nothing drawn."""
+    import flashlab.lessons.widgets as lesson_widgets
+
+    assert getattr(lesson_widgets, name)(*args) is None
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "\x1b" not in out, repr(out)
+    assert f"{name}()" in out and "JupyterLab (make lab)" in out and instead in out
