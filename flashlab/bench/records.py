@@ -61,9 +61,10 @@ def folder(name: str, gpu: str = "h200") -> Path:
 
 
 def describe(recorded: dict) -> str:
-    """One line naming where and when a recorded result was measured."""
+    """One line naming where a recorded result was measured: the GPU and the versions. The date
+    stays in the record's ``environment`` (lessons print no dates: tests/course/test_lesson_material.py)."""
     env = recorded["environment"]
-    return f"{env['gpu']}, PyTorch {env['torch']}, Triton {env['triton']}, {env['date']}"
+    return f"{env['gpu']}, PyTorch {env['torch']}, Triton {env['triton']}"
 
 
 # The H200's datasheet (dense, no sparsity): what stands in for a peak no run has recorded yet
