@@ -61,8 +61,8 @@ def folder(name: str, gpu: str = "h200") -> Path:
 
 
 def describe(recorded: dict) -> str:
-    """One line naming where a recorded result was measured: the GPU and the versions. The date
-    stays in the record's ``environment`` (lessons print no dates: tests/course/test_lesson_material.py)."""
+    """One line naming where a recorded result was measured: the GPU and the versions (the record
+    itself keeps its date; a lesson prints what was measured, not when)."""
     env = recorded["environment"]
     return f"{env['gpu']}, PyTorch {env['torch']}, Triton {env['triton']}"
 
