@@ -51,9 +51,11 @@ def dq_kernel(Q, K, V, DO, L, DELTA, DQ, n_q, n_k, scale, HEAD_DIM: tl.constexpr
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (query block, batch·head); grid ``(cdiv(Nq, BLOCK_M), B·H)``.
 
-    Same layouts as `dkdv_kernel`. Load Q_i, dO_i, L_i, D_i once; loop over key blocks
-    (causal: stop after the diagonal block) accumulating dQ_i += dS K_j in fp32; store
-    dQ·scale in the inputs' dtype, rows < Nq only.
+    Same layouts as `dkdv_kernel`. ``start_m = tl.program_id(0)`` is the query block's index,
+    as in notebook 05's `_key_range`: its rows are ``start_m·BLOCK_M + arange(BLOCK_M)``. Load
+    Q_i, dO_i, L_i, D_i once; loop over key blocks (causal: stop after the diagonal block, at
+    ``min(Nk, (start_m + 1)·BLOCK_M)``) accumulating dQ_i += dS K_j in fp32; store dQ·scale in
+    the inputs' dtype, rows < Nq only.
     """
     pass
 

@@ -66,16 +66,16 @@ def dkdv_kernel(Q, K, V, DO, L, DELTA, DK, DV, n_q, n_k, scale, HEAD_DIM: tl.con
 def dq_kernel(Q, K, V, DO, L, DELTA, DQ, n_q, n_k, scale, HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program per (query block, batch·head): dQ_i = Σ_j dS_ij K_j · scale."""
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(0)                                # the query block's index, as in notebook 05
     head = tl.program_id(1)
     q_base, kv_base = head * n_q * HEAD_DIM, head * n_k * HEAD_DIM
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q, do, lse, delta = _query_rows(Q, DO, L, DELTA, q_base, head, offs_m, offs_d, n_q, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = n_k
     if IS_CAUSAL:
-        hi = tl.minimum(n_k, start_m + BLOCK_M)
+        hi = tl.minimum(n_k, (start_m + 1) * BLOCK_M)        # up to and including the diagonal block
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_ok = (offs_n < n_k)[:, None]

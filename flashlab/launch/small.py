@@ -71,8 +71,9 @@ def enabled() -> bool:
 
 def general_kernels():
     """A ``with`` block in which every shape runs the dense (tiled) kernels, none this path
-    (``FLASHLAB_SMALL_PATH=0`` inside, restored after). Notebooks 05 and 06 use it to check the
-    tiled kernels they print at sizes that would otherwise fit one tile."""
+    (``FLASHLAB_SMALL_PATH=0`` inside, restored after), for comparing the two paths on one call.
+    To call the tiled kernels themselves, as notebooks 05 and 06 do, use
+    `flashlab.lessons.tiled_kernels.tiled_kernel_attention`."""
     return switches.switched("FLASHLAB_SMALL_PATH", "0")
 
 

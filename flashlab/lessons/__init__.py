@@ -6,6 +6,8 @@ the models of memory, traffic and number formats.
 - `fused_softmax`: a fused row-softmax kernel (notebook 02).
 - `flash_minimal`: the smallest complete flash-attention forward and backward kernels, shown
   whole in notebooks 05 and 06.
+- `tiled_kernels`: `tiled_kernel_attention`, the tiled kernels of notebooks 05 and 06 called
+  directly (forward and, for gradients, backward), for the notebooks' checks.
 - `memory`, `traffic`: the memory model of naive attention and the HBM traffic of each step
   (notebooks 01-03, 10).
 - `number_formats`: fp32, tf32, fp16 and bf16 rounding and range (notebook 08).

@@ -12,19 +12,29 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import textwrap
 from types import ModuleType
 
 
+def _functions(module: ModuleType) -> dict[str, object]:
+    """Every function of ``module`` by name, ``@triton.jit`` ones through ``.fn``."""
+    return {name: getattr(obj, "fn", obj) for name, obj in vars(module).items()
+            if inspect.isfunction(getattr(obj, "fn", obj))}
+
+
 def _jit_sources(module: ModuleType) -> dict[str, str]:
-    """Source of every function of ``module`` (``@triton.jit`` ones through ``.fn``), and of the
-    functions it imports from its own package (the kernels' shared rules, `flashlab.kernels.tile`)."""
+    """Source of every function of ``module``, and of every function of the modules of its own
+    package it imports from (the kernels' shared rules, `flashlab.kernels.tile`), so that a helper
+    reached only through another helper (``visible``, called by ``masked_scores``) is found too."""
     package = module.__name__.rpartition(".")[0]
-    sources = {}
-    for name, obj in vars(module).items():
-        fn = getattr(obj, "fn", obj)
-        if inspect.isfunction(fn) and (fn.__module__ == module.__name__ or fn.__module__.rpartition(".")[0] == package):
-            sources[name] = textwrap.dedent(inspect.getsource(fn))
+    own = {name: fn for name, fn in _functions(module).items()
+           if fn.__module__ == module.__name__ or fn.__module__.rpartition(".")[0] == package}
+    sources = {name: textwrap.dedent(inspect.getsource(fn)) for name, fn in own.items()}
+    for home in sorted({fn.__module__ for fn in own.values()} - {module.__name__}):
+        for name, fn in _functions(sys.modules[home]).items():
+            if fn.__module__ == home and name not in sources:
+                sources[name] = textwrap.dedent(inspect.getsource(fn))
     return sources
 
 

@@ -36,7 +36,8 @@ DV_ONLY_HINT = ("dK = scale · dSᵀ Q is right, so P is: the mistake is in dV =
 ONE_PASS_HINT = {
     "dq": ("dK and dV are right, so P and dS are: the mistake is in the dQ pass alone. dQ = scale · dS K sums "
            "over every key block the query block sees: check its loop's end (with is_causal, up to and including "
-           "the block holding the diagonal, min(Nk, start_m + BLOCK_M)) and which rows it stores"),
+           "the block holding the diagonal: min(Nk, (start_m + 1)·BLOCK_M), start_m the query block's index) and which "
+           "rows it stores"),
     "dk": ("dQ and dV are right, so P and dS are: the mistake is in dK = scale · dSᵀ Q alone, in the dK/dV pass. "
            "It sums over every query block that sees the key block (with is_causal, from the block holding the "
            "diagonal on): check that loop, as dV's, and dK's store"),

@@ -14,6 +14,7 @@ def test_kernel_parts_follow_the_calls_of_a_kernel():
     loop = part_containing(parts, "for start_n in range")
     assert "online_softmax_step(" in parts[loop]
     assert "exp2" in parts["online_softmax_step"], "the shared tile rules are followed into their module"
+    assert "visible" in parts, "a shared rule reached only through another one (masked_scores) is found too"
     assert list(kernel_parts(flash_minimal, "minimal_forward_kernel")) == ["minimal_forward_kernel"]
 
 
