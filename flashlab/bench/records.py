@@ -67,6 +67,13 @@ def describe(recorded: dict) -> str:
     return f"{env['gpu']}, PyTorch {env['torch']}, Triton {env['triton']}"
 
 
+def measured_on(recorded: dict) -> str:
+    """The GPU (or CPU) and versions a recorded result was measured with, without its date: what a
+    lesson shows beside a record (the record keeps the date, git its history)."""
+    env = recorded["environment"]
+    return ", ".join([env["gpu"], f"PyTorch {env['torch']}"] + ([f"Triton {env['triton']}"] if "triton" in env else []))
+
+
 # The H200's datasheet (dense, no sparsity): what stands in for a peak no run has recorded yet
 H200_DATASHEET = {"bf16_matmul_flops": 989e12, "hbm_bytes_per_s": 4.8e12}
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 ALLOWED = {float(2**e) for e in range(7, 21)} | {float(year) for year in range(2014, 2027)}
 

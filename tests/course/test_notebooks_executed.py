@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# companions (07b_…, 09b_…): optional depth beside a lesson, executed and checked like it, outside the numbering
+LESSONS = NOTEBOOKS + sorted((Path(__file__).parents[2] / "notebooks").glob("[0-9][0-9][a-z]_*.ipynb"))
 
 
 def test_syllabus_order():
@@ -14,7 +16,7 @@ def test_syllabus_order():
     assert numbers == list(range(len(numbers))), f"notebooks must be numbered 00, 01, …: {numbers}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_every_code_cell_executed_in_order(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     counts = [c.get("execution_count") for c in cells if "".join(c["source"]).strip()]
@@ -22,7 +24,7 @@ def test_every_code_cell_executed_in_order(path):
         f"{path.name}: execution counts {counts}; run `make notebooks` (fresh kernel, top to bottom)")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_no_errors_and_first_cell_imports_flashlab(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     for c in cells:
@@ -31,7 +33,7 @@ def test_no_errors_and_first_cell_imports_flashlab(path):
     assert "flashlab" in "".join(cells[0]["source"]), f"{path.name}: first code cell must import flashlab"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_printed_output_is_one_block_per_stream(path):
     """A learner's trial saw blank lines inside a cell's printout on GitHub and in some viewers:
     a kernel that flushes stdout twice leaves two consecutive stream outputs, shown as two blocks.
@@ -45,7 +47,7 @@ def test_printed_output_is_one_block_per_stream(path):
                 "(or jupyter nbconvert --coalesce-streams on the notebook)")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_cells_that_write_prose_have_their_code_folded(path):
     """A paragraph quoting measured numbers is written by a code cell from the numbers (Markdown(f"…")), so
     no number in the prose can drift from the data. A learner's trial had to scroll past 20-60 lines of

@@ -292,6 +292,9 @@ MUTANTS = [
     ("ex10_split_kv_merge", "O the plain mean of the splits' O_s (no weights)",
      "    o = (w[..., None] * o_parts).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]",
      "    o = o_parts.mean(dim=0)"),
+    # L alone wrong (O right): the hint names L's formula
+    ("ex10_split_kv_merge", "L = m alone (log Σ_s w_s left out)", "return o, shift + torch.log(total)",
+     "return o, shift"),
 ]
 
 

@@ -3,6 +3,7 @@ row's attention; empty splits; large log-sum-exps; the inputs' dtype kept."""
 
 import inspect
 import io
+import math
 import tokenize
 
 import pytest
@@ -48,6 +49,23 @@ def _unweighted_hint(o, o_parts, lse_parts) -> str:
     return ""
 
 
+def _lse_hint(lse, lse_parts) -> str:
+    """``"\\nhint: …"`` for a wrong L when O was right (the weights are right, so only L's formula is off)."""
+    m = lse_parts.amax(dim=0)
+    shifted = torch.logsumexp(lse_parts - m, dim=0)                  # log Σ_s w_s, w_s = exp(L_s − m)
+    wrong = {"log Σ_s w_s without m added back": shifted,
+             "m = max_s L_s alone, without log Σ_s w_s": m,
+             "the mean of the splits' L_s": lse_parts.mean(dim=0),
+             "the sum of the splits' L_s": lse_parts.sum(dim=0),
+             "in base 2 (log2 where the L_s are natural logs)": (m + shifted) / math.log(2)}
+    named = next((name for name, candidate in wrong.items()
+                  if torch.allclose(lse.double(), candidate, rtol=1e-6, atol=1e-9)), None)
+    return ("\nhint: O is right, so the weights w_s are; only L is wrong"
+            + (f": it is {named}" if named else "")
+            + ". L is the log-sum-exp of the whole row, the log of the softmax mass of all its keys: "
+              "Σ_s exp(L_s) = exp(m) Σ_s w_s, so L = m + log Σ_s w_s (natural log, like the L_s)")
+
+
 def _what_is_not_finite(o, lse, row) -> str:
     """What the test saw in one row: which of O and L hold NaN or ±inf ("" if both are finite)."""
     seen = []
@@ -70,7 +88,10 @@ def test_merge_of_splits_is_the_whole_row(exercise, cuts):
         assert_close(o, torch.softmax(scores, -1) @ v, what="O")
     except AssertionError as error:
         raise AssertionError(f"{error}{_unweighted_hint(o, o_parts, lse_parts)}") from None
-    assert_close(lse, torch.logsumexp(scores, -1), what="L")
+    try:
+        assert_close(lse, torch.logsumexp(scores, -1), what="L")
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_lse_hint(lse, lse_parts)}") from None
     shuffled = torch.randperm(len(cuts) - 1)                       # the order of the splits does not matter
     o2, _ = exercise.merge_splits(o_parts[shuffled], lse_parts[shuffled])
     assert_close(o2, o, what="O with splits reordered")
