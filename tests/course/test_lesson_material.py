@@ -57,6 +57,13 @@ def test_narrative_is_markdown_not_generated(path):
                  if c["cell_type"] == "code" and GENERATED_PROSE.search("".join(c["source"]))]
     assert not generated, (f"{path.name}: cells {generated} write prose with Markdown(f\"…\"); write it as a Markdown "
                            "cell under the cell that prints its numbers")
+    for index, cell in enumerate(cells):            # Markdown(prose) with prose built elsewhere: the output tells
+        for output in cell.get("outputs", []):
+            text = output.get("data", {}).get("text/markdown", "")
+            text = "".join(text) if isinstance(text, list) else text
+            prose = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("|")]
+            assert len(prose) <= 2, (f"{path.name}, cell {index}: displays {len(prose)} lines of generated Markdown "
+                                     "prose; only a table of records may be generated (a caption line at most)")
 
 
 @pytest.mark.parametrize("text", ["see results/h200/issue19_2026-12-07/gpu.txt", "a later session (16:50 UTC)",
@@ -78,3 +85,20 @@ def test_ordinary_lesson_prose_passes(tmp_path):
     path = tmp_path / "98_ordinary.ipynb"
     path.write_text(json.dumps(notebook))
     assert maintainer_strings(path) == []
+
+
+@pytest.mark.parametrize("source,markdown,caught", [
+    ('Markdown(f"The kernel is {ratio:.1f}x faster.")', "The kernel is 2.0x faster.", True),
+    ("display(Markdown(prose))", "One line.\nTwo lines.\nThree lines of a paragraph.", True),
+    ("display(Markdown(table))", "Recorded rows:\n| N | ms |\n|---|---|\n| 1024 | 0.3 |", False),
+])
+def test_generated_prose_is_caught_and_a_table_is_not(tmp_path, source, markdown, caught):
+    notebook = {"cells": [{"cell_type": "code", "source": [source], "metadata": {}, "outputs": [
+        {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": [markdown]}}]}]}
+    path = tmp_path / "97_generated.ipynb"
+    path.write_text(json.dumps(notebook))
+    if caught:
+        with pytest.raises(AssertionError):
+            test_narrative_is_markdown_not_generated(path)
+    else:
+        test_narrative_is_markdown_not_generated(path)
