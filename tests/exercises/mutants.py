@@ -287,6 +287,18 @@ MUTANTS = [
     ("ex10_split_kv_merge", "O the plain mean of the splits' O_s (no weights)",
      "    o = (w[..., None] * o_parts).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]",
      "    o = o_parts.mean(dim=0)"),
+    ("ex11_mbarrier_ring", "producer's phase not flipped (waits on 'empty' for the round's phase)",
+     "return slot, phase ^ 1", "return slot, phase"),
+    ("ex11_mbarrier_ring", "consumer's phase flipped too", "return slot, phase  ", "return slot, phase ^ 1  "),
+    ("ex11_mbarrier_ring", "slot = i // S (the round, not the slot)", "return i % stages, (i // stages) % 2",
+     "return i // stages, (i // stages) % 2"),
+    ("ex11_mbarrier_ring", "producer's round one iteration ahead ((i + 1) // S)",
+     "    slot, phase = slot_and_phase(i, stages)\n    return slot, phase ^ 1",
+     "    return i % stages, ((i + 1) // stages) % 2 ^ 1"),
+    ("ex11_mbarrier_ring", "phase bit flipped every iteration (i mod 2)", "return i % stages, (i // stages) % 2",
+     "return i % stages, i % 2"),
+    ("ex11_mbarrier_ring", "phase = the round i // S (not a bit)", "return i % stages, (i // stages) % 2",
+     "return i % stages, i // stages"),
 ]
 
 
@@ -303,7 +315,7 @@ def _run(repo: Path, exercise: str) -> tuple[int, list[str], float]:
     """Runs exercise's tests against exercises/ in ``repo``; returns rc, failed test names, seconds."""
     start = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
-                             "--impl=exercises", *FIRST_FAILURE, f"tests/test_{exercise}.py"],
+                             "--impl=exercises", *FIRST_FAILURE, f"tests/exercises/test_{exercise}.py"],
                             cwd=repo, capture_output=True, text=True, env=_environment(repo))
     failed = sorted({re.sub(r"\[.*", "", m) for m in re.findall(r"^FAILED \S+::(\S+)", result.stdout, re.M)})
     return result.returncode, failed, time.monotonic() - start
@@ -344,7 +356,7 @@ def main(only: list[str]) -> int:
     table = "\n".join(["| exercise | wrong answer | tests that fail |", "|---|---|---|", *rows])
     if not only:
         # the prose above the table (what the rows mean, answers that must pass) is kept as written
-        path = ROOT / "tests" / "MUTATIONS.md"
+        path = ROOT / "tests" / "exercises" / "MUTATIONS.md"
         old = path.read_text() if path.exists() else ""
         prose = old[:old.index("| exercise |")] if "| exercise |" in old else (
             "# Mutation check of the exercise tests\n\n"
