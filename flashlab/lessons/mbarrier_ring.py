@@ -154,7 +154,14 @@ class _Ring:
         return "deadlock: " + "; ".join(waits)
 
     def snapshot(self, actor: str, action: str) -> dict:
-        return {"actor": actor, "action": action, "slots": list(self.slots),
+        waits = {}
+        for who, i, bars in (("producer", self.next_load, self.empty), ("consumer", self.next_read, self.ready)):
+            try:
+                slot, parity = self.wait_of(who, i) if i < self.n else (None, None)
+            except _Stop:                                  # reported when that actor tries to move
+                slot = parity = None
+            waits[who] = None if slot is None else (slot, parity, bars[slot].passes(parity))
+        return {"actor": actor, "action": action, "slots": list(self.slots), "waits": waits,
                 "ready_completed": [b.completed for b in self.ready],
                 "empty_completed": [b.completed for b in self.empty],
                 "next_load": self.next_load, "next_read": self.next_read}
@@ -230,20 +237,25 @@ def draw_ring_step(run: RingRun, step: int):
 
     e = run.events[step]
     s = run.stages
-    fig, ax = plt.subplots(figsize=(1.8 * s + 2.5, 3.2))
+    fig, ax = plt.subplots(figsize=(1.8 * s + 4.5, 3.8))
     for k, (state, held) in enumerate(e["slots"]):
         ax.add_patch(Rectangle((k, 0), 0.9, 1, facecolor=_COLOURS[state], edgecolor="k"))
         label = {"free": "free", "loading": f"copy of\nK,V {held}\nin flight", "full": f"K,V {held}\nlanded"}[state]
         ax.text(k + 0.45, 0.5, label, ha="center", va="center", fontsize=9)
         ready, empty = e["ready_completed"][k], e["empty_completed"][k]
-        ax.text(k + 0.45, -0.22, f"ready: parity {ready & 1}\n({ready} done)", ha="center", va="top", fontsize=8)
-        ax.text(k + 0.45, -0.62, f"empty: parity {empty & 1}\n({empty} done)", ha="center", va="top", fontsize=8)
-    for who, i, y, colour in (("producer", e["next_load"], 1.35, "tab:orange"),
-                              ("consumer", e["next_read"], 1.75, "tab:green")):
-        if i < run.n:
-            ax.annotate(f"{who}: iteration {i}", (i % s + 0.45, 1.02), (i % s + 0.45, y), ha="center", fontsize=8,
-                        color=colour, arrowprops={"arrowstyle": "->", "color": colour})
-    ax.set(xlim=(-0.2, s + 0.1), ylim=(-1.15, 2.0), xticks=[k + 0.45 for k in range(s)],
+        ax.text(k + 0.45, -0.1, f"ready: parity {ready & 1}\n({ready} done)", ha="center", va="top", fontsize=8)
+        ax.text(k + 0.45, -0.75, f"empty: parity {empty & 1}\n({empty} done)", ha="center", va="top", fontsize=8)
+    # the producer's arrow on a slot's left, its label to the left; the consumer's on the right
+    for who, i, bar, x, align, colour in (("producer", e["next_load"], "empty", 0.2, "right", "tab:orange"),
+                                          ("consumer", e["next_read"], "ready", 0.7, "left", "tab:green")):
+        wait = e["waits"][who]
+        if i < run.n and wait is not None:
+            slot, parity, passes = wait
+            state = "passes" if passes else "blocked"
+            label = f"{who}: iteration {i}\nwaits {bar}[{slot}] for parity {parity}: {state}"
+            ax.annotate(label, (slot + x, 1.02), (slot + x, 1.6), ha=align, va="bottom",
+                        fontsize=8, color=colour, arrowprops={"arrowstyle": "->", "color": colour})
+    ax.set(xlim=(-1.6, s + 1.5), ylim=(-1.5, 2.2), xticks=[k + 0.45 for k in range(s)],
            xticklabels=[f"slot {k}" for k in range(s)], yticks=[],
            xlabel="shared-memory slot of the K/V ring (index = iteration mod stages)")
     ax.xaxis.set_label_position("top")
