@@ -64,12 +64,14 @@ ORDERS = ("producer first", "consumer first", "copies late")
 
 @dataclass
 class RingRun:
-    """What `simulate` saw: one entry of ``events`` per move (its snapshot of the ring after it), and
-    ``error`` (None when all ``n`` iterations were read, in order, from the right slots)."""
+    """What `simulate` saw: one entry of ``events`` per move (its snapshot of the ring after it), the
+    iterations the consumer read, in order (``reads``), and ``error`` (None when all ``n`` iterations
+    were read from the right slots)."""
     n: int
     stages: int
     order: str | int
     events: list[dict] = field(default_factory=list)
+    reads: list[int] = field(default_factory=list)
     error: str | None = None
     kind: str | None = None          # "deadlock", "bad read", "overwrite", "invalid wait"
 
@@ -205,6 +207,8 @@ def simulate(n: int, stages: int, producer_wait=None, consumer_wait=None, order:
                 raise _Stop("deadlock", ring.deadlock())
             actor = _choose(order, actors, rng)
             run.events.append(ring.snapshot(actor, ring.move(actor)))
+            if actor == "consumer":
+                run.reads.append(ring.next_read - 1)
     except _Stop as stop:
         run.error, run.kind = str(stop), stop.kind
     return run

@@ -20,8 +20,10 @@ def test_the_kernels_rule_streams_every_iteration_once_in_order(order):
         for n in (0, 1, stages, 2 * stages + 1, 17):
             run = simulate(n, stages, *KERNEL_RULE, order=order)
             assert run.error is None, (stages, n, run.error)
-            reads = [e for e in run.events if e["actor"] == "consumer"]
-            assert [f"read iteration {i}," in e["action"] for i, e in enumerate(reads)] == [True] * n
+            assert run.reads == list(range(n))
+            assert [e["action"] for e in run.events if e["actor"] == "consumer"] == [
+                f"consumer: ready[{i % stages}] parity {(i // stages) % 2} passed; read iteration {i}, released slot "
+                f"{i % stages}" for i in range(n)]
 
 
 def test_wrong_rules_are_stopped_at_the_first_fault():
