@@ -13,6 +13,7 @@ the models of memory, traffic and number formats.
 - `number_formats`: fp32, tf32, fp16 and bf16 rounding and range (notebook 08).
 - `instrument`, `widgets`: tile counters and the notebooks' interactive figures.
 - `kernel_source`: the lines a feature adds to a kernel, for the notebooks to print.
+- `mbarrier_ring`: a model of a Hopper kernel's K/V ring and its mbarrier phases (notebook 11, exercise 11).
 
 May import the reference code, the kernels, their launchers and the API; never the trainer,
 the benchmarks or the command line.

@@ -158,3 +158,31 @@ def feature_lines(parts: dict[str, str], *needles: str, context: int = 0) -> str
         raise ValueError(f"needles: {sorted(missing)} found in no code line of {list(parts)}. "
                          "The kernels changed: update the notebook's needles.")
     return "\n".join(shown)
+
+
+def specialised(source: str, **flags: bool) -> str:
+    """``source`` (one function) as the compiler sees it for the given compile-time ``flags``: each
+    ``if FLAG:`` on one of them (a bare name) replaced by the branch taken, dedented, and the other
+    dropped, as a ``constexpr`` branch is. E.g. ``specialised(src, OVERLAP=False)``."""
+    lines = source.splitlines()
+    tree = ast.parse(textwrap.dedent(source))
+    on_names = [n for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.Name)]
+    unknown = set(flags) - {n.test.id for n in on_names}
+    if unknown:
+        raise ValueError(f"flags: {sorted(unknown)} are tested by no `if FLAG:` of the source. "
+                         "Pass flags it branches on.")
+    branches = [n for n in on_names if n.test.id in flags]
+    for node in sorted(branches, key=lambda n: n.lineno, reverse=True):     # bottom up: line numbers stay valid
+        if any(o is not node and o.lineno < node.lineno <= o.end_lineno for o in branches):
+            continue                                   # inside another branch on a flag: that one decides
+        taken = node.body if flags[node.test.id] else node.orelse
+        indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+        kept = []
+        if taken:
+            first = taken[0].lineno
+            while first - 1 > node.lineno and lines[first - 2].strip().startswith("#"):
+                first -= 1                             # a comment heading the branch stays with it
+            kept = [line[4:] if line[:indent + 4].strip() == "" else line
+                    for line in lines[first - 1:taken[-1].end_lineno]]
+        lines[node.lineno - 1:node.end_lineno] = kept or [" " * indent + "pass"]
+    return "\n".join(lines) + ("\n" if source.endswith("\n") else "")

@@ -295,6 +295,18 @@ MUTANTS = [
     # L alone wrong (O right): the hint names L's formula
     ("ex10_split_kv_merge", "L = m alone (log Σ_s w_s left out)", "return o, shift + torch.log(total)",
      "return o, shift"),
+    ("ex11_mbarrier_ring", "producer's phase not flipped (waits on 'empty' for the round's phase)",
+     "return slot, phase ^ 1", "return slot, phase"),
+    ("ex11_mbarrier_ring", "consumer's phase flipped too", "return slot, phase  ", "return slot, phase ^ 1  "),
+    ("ex11_mbarrier_ring", "slot = i // S (the round, not the slot)", "return i % stages, (i // stages) % 2",
+     "return i // stages, (i // stages) % 2"),
+    ("ex11_mbarrier_ring", "producer's round one iteration ahead ((i + 1) // S)",
+     "    slot, phase = slot_and_phase(i, stages)\n    return slot, phase ^ 1",
+     "    return i % stages, ((i + 1) // stages) % 2 ^ 1"),
+    ("ex11_mbarrier_ring", "phase bit flipped every iteration (i mod 2)", "return i % stages, (i // stages) % 2",
+     "return i % stages, i % 2"),
+    ("ex11_mbarrier_ring", "phase = the round i // S (not a bit)", "return i % stages, (i // stages) % 2",
+     "return i % stages, i // stages"),
 ]
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from flashlab.kernels import dense as flash_triton
 from flashlab.lessons import flash_minimal
-from flashlab.lessons.kernel_source import feature_lines, kernel_parts, part_containing
+from flashlab.lessons.kernel_source import feature_lines, kernel_parts, part_containing, specialised
 
 
 def test_kernel_parts_follow_the_calls_of_a_kernel():
@@ -69,3 +69,25 @@ def test_feature_lines_show_whole_statements_under_their_blocks():
     assert shown("f = i", context=1) == [lines[10], "    …", *lines[12:15]]
     assert shown("if FLAG") == lines[4:10]                     # a short block whole
     assert shown("last", context=1) == lines[18:20]
+
+
+def test_specialised_keeps_the_branch_a_flag_takes():
+    source = ("def f(x, A: tl.constexpr, B: tl.constexpr):\n"
+              "    y = x\n"
+              "    if A:\n"
+              "        # A's way\n"
+              "        y = y + 1\n"
+              "        if B:\n"
+              "            y = y * 2\n"
+              "    else:\n"
+              "        y = y - 1\n"
+              "    if B:\n"
+              "        y = -y\n"
+              "    return y\n")
+    assert specialised(source, A=True) == source.replace("    if A:\n", "").replace(
+        "    else:\n        y = y - 1\n", "").replace("        # A's", "    # A's").replace(
+        "        y = y + 1\n        if B:\n            y = y * 2\n", "    y = y + 1\n    if B:\n        y = y * 2\n")
+    assert specialised(source, A=False, B=False) == ("def f(x, A: tl.constexpr, B: tl.constexpr):\n    y = x\n"
+                                                     "    y = y - 1\n    pass\n    return y\n")
+    with pytest.raises(ValueError, match=r"flags: \['C'\]"):
+        specialised(source, C=True)
