@@ -60,13 +60,6 @@ def folder(name: str, gpu: str = "h200") -> Path:
     return path
 
 
-def describe(recorded: dict) -> str:
-    """One line naming where a recorded result was measured: the GPU and the versions (the record
-    itself keeps its date; a lesson prints what was measured, not when)."""
-    env = recorded["environment"]
-    return f"{env['gpu']}, PyTorch {env['torch']}, Triton {env['triton']}"
-
-
 def measured_on(recorded: dict) -> str:
     """The GPU (or CPU) and versions a recorded result was measured with, without its date: what a
     lesson shows beside a record (the record keeps the date, git its history)."""
@@ -86,7 +79,7 @@ def roofline_peaks(gpu: str = "h200") -> dict:
     {"flops", "bytes_per_s", "flops_source", "bytes_source"}."""
     peaks = load("roofline", gpu)
     if peaks is not None:
-        where = describe(peaks)
+        where = measured_on(peaks)
         return {"flops": peaks["bf16_matmul"]["tflops"] * 1e12, "bytes_per_s": peaks["copy"]["tb_per_s"] * 1e12,
                 "flops_source": f"8192³ bf16 torch.matmul, measured ({where})",
                 "bytes_source": f"device-to-device copy, measured ({where})"}
@@ -98,5 +91,5 @@ def roofline_peaks(gpu: str = "h200") -> dict:
     if copy is not None:
         section = copy["sections"]["HBM bandwidth: 4 GiB device-to-device copy"]
         result["bytes_per_s"] = section["result"]["GBps_read_plus_write"] * 1e9
-        result["bytes_source"] = f"4 GiB device-to-device copy, measured ({describe(copy)})"
+        result["bytes_source"] = f"4 GiB device-to-device copy, measured ({measured_on(copy)})"
     return result

@@ -22,7 +22,7 @@ QUICK = dict(seq_lens=(32, 64), head_dims=(16,), hidden=32, tokens=128, dtypes=(
 def run(ctx: Context) -> None:
     from flashlab.bench.analysis import shapes, target_table
     from flashlab.bench.attention import attention_implementations, benchmark_attention
-    from flashlab.bench.records import describe
+    from flashlab.bench.records import measured_on
     from flashlab.launch import autotune
 
     size = QUICK if ctx.quick else dict(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, hidden=HIDDEN, tokens=TOKENS,
@@ -51,16 +51,16 @@ def run(ctx: Context) -> None:
                         for r in rows if r["mode"] in ("fwd+bwd", "all")))
     if ctx.record["rows"] and not ctx.quick:
         ctx.log("targets (SDPA's time ÷ flashlab's; memory: flashlab's ÷ the flash backend's):\n"
-                + targets_markdown(ctx.record, describe, shapes, target_table))
+                + targets_markdown(ctx.record, measured_on, shapes, target_table))
 
 
-def targets_markdown(record, describe, shapes, target_table) -> str:
+def targets_markdown(record, measured_on, shapes, target_table) -> str:
     """The target table as Markdown, one row per shape; ✗ marks a missed target."""
     columns = [("fwd", "sdpa_flash"), ("fwd", "sdpa_cudnn"), ("fwd+bwd", "sdpa_flash"), ("fwd+bwd", "sdpa_cudnn"),
                ("memory fwd+bwd", "sdpa_flash")]
     cells = {(r["mode"], r["baseline"], r["N"], r["D"], r["causal"], r["dtype"]):
              f"{r['ratio']:.2f}" + ("" if r["met"] else " ✗") for r in target_table(record)}
-    lines = [f"Targets on {describe(record)}; ✗ = missed.", "",
+    lines = [f"Targets on {measured_on(record)}; ✗ = missed.", "",
              "| dtype | N | D | causal | fwd vs flash | fwd vs cuDNN | fwd+bwd vs flash | fwd+bwd vs cuDNN "
              "| memory vs flash |", "|---|---|---|---|---|---|---|---|---|"]
     for n, d, causal, dtype in sorted(shapes(record), key=lambda s: (s[3], s[1], s[2], s[0])):
