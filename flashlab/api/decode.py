@@ -195,15 +195,17 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
 @torch.compiler.disable(reason="flashlab.decode_attention is not a custom op (its cache lengths decide "
                                 "grids and splits); "
                                 "compile around it, or without fullgraph=True for a graph break here")
-def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
+def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=None, scale=None,
                      causal=False, softcap=None, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
     The tensors' layouts and the meanings of cache_seqlens, block_table, causal, num_splits and the
-    returned log-sum-exp are FlashAttention's. What differs: the order of the positional arguments
-    (FlashAttention's fourth is the new ``k``: pass the others by keyword when porting), ``scale``
-    for ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the
-    cache, no window_size, rotary embedding, ALiBi, cache_batch_idx or cache_leftpad.
+    returned log-sum-exp are FlashAttention's. What differs: every option after cache_seqlens is
+    keyword-only (FlashAttention's fourth positional argument is the new ``k``: a ported positional
+    call raises TypeError instead of taking a tensor for another option), ``scale`` for
+    ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the cache.
+    `flashlab.flash_attn_interface.flash_attn_with_kvcache` has FlashAttention's own signature
+    (appending included) on this function.
 
     Args:
         q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
@@ -260,9 +262,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
-        result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table,
-                                  num_splits, scale, causal=causal, softcap=softcap, return_lse=return_lse,
-                                  check_contents=False, launch_options=launch_options)
+        result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens,
+                                  block_table=block_table, num_splits=num_splits, scale=scale, causal=causal,
+                                  softcap=softcap, return_lse=return_lse, check_contents=False,
+                                  launch_options=launch_options)
         return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for

@@ -222,9 +222,14 @@ class VarlenAttentionFunction(torch.autograd.Function):
 @torch.compiler.disable(reason="flashlab.varlen_attention is not a custom op (cu_seqlens decide each "
                                 "program's sequence); "
                                 "compile around it, or without fullgraph=True for a graph break here")
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     window=None, *, softcap=None, exact_fp32=False):
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, is_causal=False, scale=None,
+                     window=None, softcap=None, exact_fp32=False):
     """Attention within each sequence of a packed batch (FlashAttention's ``flash_attn_varlen_func``).
+
+    Every option after the sizes is keyword-only: FlashAttention's eighth positional argument is
+    ``dropout_p``, and ``varlen_attention(q, k, v, cu, cu, L, L, 0.1)`` raises TypeError instead of
+    running with some other option set to 0.1. `flashlab.flash_attn_interface.flash_attn_varlen_func`
+    takes FlashAttention's own signature.
 
     Args:
         q: ``(total_q, heads, D)``; k, v: ``(total_k, heads_k, D)`` with heads_k dividing heads (GQA:
@@ -264,7 +269,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
         # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.api.ops)
         return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, is_causal, scale, window, softcap=softcap,
+                                max_seqlen_k, is_causal=is_causal, scale=scale, window=window, softcap=softcap,
                                 exact_fp32=exact_fp32).to(q.dtype)
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for

@@ -401,16 +401,25 @@ def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, p
         (k_cache, v_cache), table = _cache(4, 64, 2, 16), None
     q = torch.randn(4, 3, 4, 16)
     seqlens = torch.tensor(lengths, dtype=torch.int32)
-    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, block_table=table, causal=True, return_lse=True)
     if route == "FLASHLAB_CPU_KERNELS=0":
         monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
     else:
         monkeypatch.setattr(flashlab.api.attention, "INTERPRETER_MAX_TILES", 1)
     monkeypatch.setattr("flashlab.api.decode.launch", lambda *a, **k: pytest.fail("a decoding kernel was launched"))
-    out, lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    out, lse = decode_attention(q, k_cache, v_cache, seqlens, block_table=table, causal=True, return_lse=True)
     assert_close(out, want_out, tol=1e-5)
     assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
     assert_close(lse.nan_to_num(neginf=0.0), want_lse.nan_to_num(neginf=0.0), tol=1e-5)
-    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, table, causal=True)
+    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, block_table=table, causal=True)
     assert half.dtype == torch.float16
     assert_close(half, want_out.half(), tol=3e-3)
+
+
+def test_options_after_cache_seqlens_are_keyword_only():
+    """FlashAttention's fourth positional argument is the new k: a tensor passed there must not become
+    another option (block_table), so every option after cache_seqlens is keyword-only."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 20, 2, 16)
+    with pytest.raises(TypeError, match="positional argument"):
+        decode_attention(q, k_cache, v_cache, _lengths([5, 20]), torch.zeros(2, 1, dtype=torch.int32))

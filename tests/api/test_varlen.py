@@ -313,3 +313,12 @@ def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, m
     half = varlen_attention(q.half(), k.half(), v.half(), cu_q, cu_k, max_q, max_k, is_causal=True, window=window)
     assert half.dtype == torch.float16
     assert_close(half, want.half(), tol=3e-3)
+
+
+def test_options_after_the_sizes_are_keyword_only():
+    """FlashAttention's eighth positional argument is dropout_p: a ported call varlen_attention(q, k, v, cu,
+    cu, L, L, 0.1) once ran causal attention (is_causal=0.1) without a word. Now it raises TypeError."""
+    q, k, v = (torch.randn(7, 2, 16) for _ in range(3))
+    cu = cu_seqlens_from_lengths([3, 4])
+    with pytest.raises(TypeError, match="positional argument"):
+        _varlen_attention(q, k, v, cu, cu, 4, 4, 0.1)
