@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
 from flashlab.kernels.constants import LOG2E
 from flashlab.kernels.decode import decode_merge_kernel, decode_split_kernel
@@ -22,6 +23,8 @@ from flashlab.launch.runtime import kernel_for
 from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.checks import check_softcap, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import without_backward
+
+from .attention import _autocast_inputs, _autocasting
 
 MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
 MIN_TILES_PER_SPLIT = 2   # a split must stream a few key tiles to pay for its Q load and merge term
@@ -189,12 +192,6 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
 
 
-# Not a custom op: its cache lengths are data (cache_seqlens) that decide grids and splits, which
-# torch.compile cannot trace. Disabled for the compiler, a call is a graph break in a compiled function (the
-# rest compiles; fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
-@torch.compiler.disable(reason="flashlab.decode_attention is not a custom op (its cache lengths decide "
-                                "grids and splits); "
-                                "compile around it, or without fullgraph=True for a graph break here")
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=None, scale=None,
                      causal=False, softcap=None, return_lse=False, check_contents=None, launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
@@ -245,41 +242,65 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
 
     On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
     limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `decode_by_sequence`
-    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
+    (PyTorch, fp32, one sequence at a time). The kernels are the custom op ``flashlab::decode_forward``:
+    ``torch.compile(fullgraph=True)`` and ``torch.export`` capture a call as one node, with no host
+    synchronisation (a compiled step replays in a CUDA graph with new cache_seqlens). Under
+    ``torch.autocast`` q and the cache are cast to autocast's dtype, as SDPA's inputs are (keep the
+    cache in that dtype: a cast copies it). Inside ``torch.func`` transforms (vmap…) it raises:
+    the batch dimension is already there.
     """
+    compiling = torch.compiler.is_compiling()
+    if not compiling and (torch._C._are_functorch_transforms_active() or torch._C._is_tracing()):
+        raise RuntimeError("decode_attention: torch.func transforms (vmap, grad) and torch.jit.trace are not "
+                           "supported; pass the batch as q's first dimension (batch, seqlen_q, heads, D) instead.")
+    eager = type(q) is torch.Tensor and not compiling
     if check_contents is None:
-        check_contents = q.device.type == "cpu"
+        check_contents = eager and q.device.type == "cpu"
+    elif check_contents and not eager:
+        raise ValueError("check_contents: a traced call (torch.compile, torch.export) cannot read cache_seqlens "
+                         "and block_table. Check them eagerly while developing; traced calls read inside bounds.")
+    if launch_options and not eager:
+        raise ValueError("launch_options: for eager tuning experiments only; leave it None under torch.compile "
+                         "and torch.export.")
     if num_splits == 0:
         num_splits = None                               # FlashAttention's 0 = "choose for me"
-    if torch.compiler.is_exporting():
-        # torch.export traces through (compiler.disable does not apply there) and fails on the first
-        # look at cache_seqlens' values, in many lines of Dynamo's; say it in one
-        raise RuntimeError("decode_attention: torch.export cannot trace it (cache_seqlens are data that decide "
-                           "grids and splits); export the model around it, or use flashlab.attention.")
+    if isinstance(q, torch.Tensor) and _autocasting(q):    # as flashlab.attention and SDPA under autocast
+        q, k_cache, v_cache, _ = _autocast_inputs(q, k_cache, v_cache, None)
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
-    softcap = check_softcap(softcap)
+    args = (q, k_cache, v_cache, cache_seqlens, block_table, num_splits or 0, default_scale(q.shape[-1], scale),
+            causal, check_softcap(softcap))
+    if not eager:                                       # traced: the custom op
+        out, lse = torch.ops.flashlab.decode_forward(*args)
+        return (out, lse) if return_lse else out
     q, k_cache, v_cache = without_neg_views(q, k_cache, v_cache)     # the kernels read storage
+    results = _decode(q, k_cache, v_cache, *args[3:], want_lse=return_lse, launch_options=launch_options)
+    # the kernels have no backward: a backward through their output raises instead of stopping there
+    results = without_backward(results if return_lse else results[:1], (q, k_cache, v_cache), NO_BACKWARD)
+    return results if return_lse else results[0]
+
+
+def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, scale: float, causal: bool,
+            softcap: float, want_lse: bool = True, launch_options=None):
+    """The op's body: (O laid out as q, in q's dtype; the natural-log log-sum-exp (batch, heads, seqlen_q)
+    fp32, −inf for a row with no key; None instead when not ``want_lse``, an eager call that did not ask).
+    Nothing here reads cache_seqlens or block_table on the host (but the CPU's PyTorch path)."""
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
-        result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens,
-                                  block_table=block_table, num_splits=num_splits, scale=scale, causal=causal,
-                                  softcap=softcap, return_lse=return_lse, check_contents=False,
-                                  launch_options=launch_options)
-        return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
+        out, lse = _decode(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table, num_splits,
+                           scale, causal, softcap, want_lse, launch_options)
+        return _laid_out_as(out, q), lse
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
         # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
-        with torch.no_grad():
-            out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
-                                          torch.float32, softcap)
-        results = without_backward((out, lse), (q, k_cache, v_cache), NO_BACKWARD)    # q is fp32 here (above)
-        return results if return_lse else results[0]
+        out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float32,
+                                      softcap)
+        return _laid_out_as(out, q), lse
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
     # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
-    spec = AttentionSpec(default_scale(head_dim, scale), causal, softcap=softcap, precision="ieee")
+    spec = AttentionSpec(scale, causal, softcap=softcap, precision="ieee")
     gpu = _on_gpu(q)
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
@@ -292,7 +313,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
     # the heuristic sizes splits by the cache's capacity, not max(cache_seqlens): the lengths live on
     # the GPU, and reading them would stop the host every step (FlashAttention does the same)
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    if num_splits is None:
+    if not num_splits:
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
     else:              # a caller's number too (num_splits=10**6 asked for 256 MB of partial rows)
         num_splits = splits_with_tiles(cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
@@ -322,10 +343,59 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
             launch(decode_merge_kernel, (cdiv(n_rows, block_r),),
                    o_part, lse_part, out, lse, *out.stride(), n_rows, seqlen_q, heads, head_dim, num_splits,
                    BLOCK_R=block_r, BLOCK_D=block_d)
-    results = (out, (lse / LOG2E).permute(0, 2, 1)) if return_lse else (out,)   # log2 → ln: ln x = log2 x / log2 e
-    # the kernels have no backward: a backward through their output raises instead of stopping there
-    results = without_backward(results, (q, k_cache, v_cache), NO_BACKWARD)
-    return results if return_lse else results[0]
+    if not want_lse:
+        return out, None
+    # log2 → ln (ln x = log2 x / log2 e), (batch, seqlen_q, heads) → contiguous (batch, heads, seqlen_q): one kernel
+    return out, torch.mul(lse.permute(0, 2, 1), 1 / LOG2E,
+                          out=torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device))
+
+
+def _laid_out_as(result, like):
+    """``result`` in ``torch.empty_like(like)``'s layout and dtype, the one the op's fake promises."""
+    if result.dtype == like.dtype and result.stride() == like.stride():
+        return result
+    return torch.empty_like(like).copy_(result)
+
+
+def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
+               num_splits: int, scale: float, causal: bool, softcap: float) -> tuple[Tensor, Tensor]:
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, softcap)
+
+
+# flashlab::decode_forward(q, k_cache, v_cache, cache_seqlens, block_table?, num_splits, scale, causal, softcap)
+#     -> (out, lse): what torch.compile and torch.export see of a call (num_splits 0: chosen; softcap 0: none)
+decode_forward = torch.library.custom_op("flashlab::decode_forward", mutates_args=())(_decode_op)
+
+
+@decode_forward.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, softcap):
+    batch, seqlen_q, heads, _ = q.shape
+    return torch.empty_like(q), q.new_empty(batch, heads, seqlen_q, dtype=torch.float32)
+
+
+def _raise_no_backward(grad_out: Tensor, like: Tensor) -> Tensor:
+    raise RuntimeError(NO_BACKWARD)
+
+
+# the backward is this op, which raises when it runs: raising while the backward is traced would make
+# torch.compile refuse a decoding step whose q merely requires grad, though nothing differentiates it
+decode_no_backward = torch.library.custom_op("flashlab::decode_no_backward", mutates_args=())(_raise_no_backward)
+decode_no_backward.register_fake(lambda grad_out, like: torch.empty_like(like))
+
+
+def _no_backward(ctx, grad_out, grad_lse):
+    """A gradient for q, k_cache and v_cache that raises when computed (never a silent None)."""
+    inputs = ctx.saved_tensors
+    return *(torch.ops.flashlab.decode_no_backward(grad_out, t) if ctx.needs_input_grad[i] else None
+             for i, t in enumerate(inputs)), *(None,) * 6
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*inputs[:3])
+
+
+decode_forward.register_autograd(_no_backward, setup_context=_save_inputs)
 
 
 NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference): compute attention that "

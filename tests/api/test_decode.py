@@ -354,9 +354,10 @@ def test_any_finite_scale_and_none_other():
             decode_attention(q, k, v, lengths, scale=bad)
 
 
-def test_torch_compile_breaks_the_graph_at_the_call():
-    """decode_attention is not a custom op: a compiled function around it runs, with a graph break
-    at the call (before: a crash inside Dynamo), and fullgraph=True names the function and what to do."""
+def test_torch_compile_fullgraph_with_new_lengths_and_no_backward():
+    """decode_attention is the custom op flashlab::decode_forward: a compiled step with fullgraph=True runs
+    (it was a graph break, and fullgraph=True failed), and the lengths are data: new cache_seqlens, the
+    same graph, the new answer. With q requiring grad it still compiles; a backward raises when run."""
     q = torch.randn(2, 1, 4, 16, device=DEVICE)
     k_cache, v_cache = _cache(2, 40, 2, 16)
     lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
@@ -365,26 +366,98 @@ def test_torch_compile_breaks_the_graph_at_the_call():
         return decode_attention(q, k_cache, v_cache, lengths) * 2
 
     want = step(q, k_cache, v_cache, lengths)
-    torch._dynamo.reset()
-    assert torch.equal(torch.compile(step, backend="eager")(q, k_cache, v_cache, lengths), want)
-    torch._dynamo.reset()                      # else the compiled frames above are reused
-    with pytest.raises(Exception, match="decode_attention is not a custom op.*compile around it"):
-        torch.compile(step, backend="eager", fullgraph=True)(q, k_cache, v_cache, lengths)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend=backend, fullgraph=True)
+        assert torch.equal(compiled(q, k_cache, v_cache, lengths), want)
+        shorter = _lengths([3, 9])
+        assert_close(compiled(q, k_cache, v_cache, shorter) / 2, reference_decode_attention(q, k_cache, v_cache,
+                                                                                              shorter))
+    out = compiled(q.clone().requires_grad_(), k_cache, v_cache, lengths)
+    with pytest.raises(RuntimeError, match="decode_attention has no backward"):
+        out.sum().backward()
 
 
-def test_torch_export_is_refused_in_one_line():
-    """torch.export traces through compiler.disable and failed on the lengths' values with Dynamo's
-    many-line data-dependent-guard error; it is now one line that says what to do."""
-    q = torch.randn(2, 1, 4, 16, device=DEVICE)
-    k_cache, v_cache = _cache(2, 40, 2, 16)
-    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+@pytest.mark.parametrize("paged", [False, True])
+def test_torch_export_captures_one_node(paged):
+    lengths = [17, 40]
+    if paged:
+        k_cache, v_cache, table = _paged(lengths, 16, 2, 16)
+    else:
+        (k_cache, v_cache), table = _cache(2, 40, 2, 16), None
+    q = torch.randn(2, 2, 4, 16, device=DEVICE)
 
     class Step(torch.nn.Module):
-        def forward(self, q, k_cache, v_cache, lengths):
-            return decode_attention(q, k_cache, v_cache, lengths)
+        def forward(self, q, k_cache, v_cache, lengths, table):
+            return decode_attention(q, k_cache, v_cache, lengths, block_table=table, causal=True, return_lse=True)
 
-    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.export cannot trace it \(cache_seqlens"):
-        torch.export.export(Step(), (q, k_cache, v_cache, lengths))
+    exported = torch.export.export(Step(), (q, k_cache, v_cache, _lengths(lengths), table))
+    assert [str(n.target) for n in exported.graph.nodes if "flashlab" in str(n.target)] == \
+        ["flashlab.decode_forward.default"]
+    out, lse = exported.module()(q, k_cache, v_cache, _lengths([5, 33]), table)
+    assert_close(out, reference_decode_attention(q, k_cache, v_cache, _lengths([5, 33]), block_table=table,
+                                                 causal=True))
+    assert lse.shape == (2, 4, 2) and lse.is_contiguous()
+
+
+@pytest.mark.parametrize("case", ["contiguous", "paged fp16 softcap", "FLASHLAB_CPU_KERNELS=0"])
+def test_the_custom_op_passes_opcheck(case, monkeypatch):
+    """Schema, fake tensor, autograd registration and AOT dispatch: contiguous and paged caches, fp16
+    (computed in fp32 on the CPU), and the CPU's PyTorch path."""
+    lengths = _lengths([0, 9, 31])
+    q = torch.randn(3, 2, 4, 16, device=DEVICE)
+    if case.startswith("paged"):
+        k_cache, v_cache, table = _paged([0, 9, 31], 8, 2, 16)
+        q, k_cache, v_cache = q.half(), k_cache.half(), v_cache.half()
+        softcap = 3.0
+    else:
+        (k_cache, v_cache), table, softcap = _cache(3, 31, 2, 16), None, 0.0
+    if case == "FLASHLAB_CPU_KERNELS=0":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    result = torch.library.opcheck(torch.ops.flashlab.decode_forward.default,
+                                   (q, k_cache, v_cache, lengths, table, 2, 0.25, True, softcap))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_vmap_raises_in_one_line_and_autocast_casts():
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = _lengths([17, 40])
+    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.func transforms \(vmap, grad\)"):
+        torch.func.vmap(lambda a: decode_attention(a, k_cache, v_cache, lengths))(q[None].expand(3, -1, -1, -1, -1))
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = decode_attention(q, k_cache, v_cache, lengths)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, reference_decode_attention(q, k_cache, v_cache, lengths), dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_a_compiled_step_with_appending_captures_in_a_cuda_graph():
+    """A decoding step through flash_attn_with_kvcache (append the new k/v at cache_seqlens, then attend),
+    compiled with fullgraph=True and captured in a CUDA graph on a fixed-capacity cache: replays with
+    advancing cache_seqlens give the eager answers."""
+    from flashlab.flash_attn_interface import flash_attn_with_kvcache
+    k_cache, v_cache = _cache(2, 256, 2, 64, dtype=torch.bfloat16)
+    lengths = _lengths([10, 100])
+    q, k_new, v_new = (torch.randn(2, 1, h, 64, device=DEVICE, dtype=torch.bfloat16) for h in (8, 2, 2))
+
+    def step(q, k_new, v_new, lengths):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True)
+    compiled(q, k_new, v_new, lengths)                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(q, k_new, v_new, lengths)
+    for _ in range(3):
+        lengths += 1
+        q.copy_(torch.randn_like(q))
+        k_new.copy_(torch.randn_like(k_new))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference_decode_attention(q, k_cache, v_cache, lengths + 1, causal=True), tol=2e-2)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
