@@ -227,11 +227,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
             None for none.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
             (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
-        check_contents: check that every length fits the cache and every block index exists.
-            Default: on CPU yes; on a GPU no, because reading the values back stops the host until
-            the GPU catches up on every decoding step (and cannot happen inside a CUDA-graph
-            capture), as in FlashAttention. Out-of-range values then read the wrong memory: pass
-            ``check_contents=True`` while developing.
+        check_contents: check that every length fits the cache and every block index exists, and
+            raise if not. Default: for eager CPU calls yes; on a GPU (and in traced calls) no, because
+            reading the values back stops the host until the GPU catches up on every decoding step
+            (and cannot happen inside a CUDA-graph capture), as in FlashAttention. Unchecked, nothing
+            outside the cache is read whatever the values: the kernels clamp each length into
+            0..capacity and take a block index outside 0..num_blocks − 1 as a missing page whose keys
+            take no part. Pass ``check_contents=True`` while developing to hear of such values.
         launch_options: override the kernel's tile size and launch options (BLOCK_N, num_warps,
             num_stages), for tuning experiments; default `decode_block_sizes`.
 
@@ -333,7 +335,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, sc
         launch(decode_split_kernel, (num_splits * row_blocks * batch * heads_k,),
                q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
                *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
-               heads_k, seqlen_q, head_dim, group, num_splits, page_size, qk_scale, softcap_base2,
+               heads_k, seqlen_q, head_dim, group, num_splits, page_size, capacity, k_cache.shape[0],
+               qk_scale, softcap_base2,
                PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=spec.is_causal,
                SOFTCAP=flags["SOFTCAP"], WRITE_FINAL=num_splits == 1,
                BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=spec.precision, **meta)
@@ -434,12 +437,21 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
     scale = default_scale(head_dim, scale)
     out = torch.zeros(q.shape, dtype=dtype, device=q.device)
     lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     for b in range(batch):
-        n = int(cache_seqlens[b])
+        # as the kernels: a length outside 0..capacity is clamped into it, and a block-table entry outside
+        # 0..num_blocks − 1 names no page (its keys take no part): nothing outside the cache is read
+        n = min(max(int(cache_seqlens[b]), 0), capacity)
+        present = torch.ones(n, dtype=torch.bool, device=q.device)
         if block_table is None:
             k, v = k_cache[b, :n], v_cache[b, :n]
         else:
             pages = block_table[b, :cdiv(n, k_cache.shape[1])].long()
+            exists = (pages >= 0) & (pages < k_cache.shape[0])
+            present = exists.repeat_interleave(k_cache.shape[1])[:n]
+            pages = pages.where(exists, 0)
+            if k_cache.shape[0] == 0:                          # no block at all: no key either
+                n, present, pages = 0, present[:0], pages[:0]
             k, v = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
         group = heads // k.shape[1]
         k = k.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)       # (heads, n, D)
@@ -451,6 +463,7 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
         keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
             torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
+        keep = keep & present[None, :]
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # empty rows: 0, not NaN
         out[b] = (weights @ v).transpose(0, 1)

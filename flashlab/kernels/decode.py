@@ -34,24 +34,31 @@ from .tile import finish_rows, masked_scores, merge_step, online_softmax_step
 
 @triton.jit
 def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
-                PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
-    """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D).
+                num_blocks, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
+    """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D), and which of
+    the rows exist: (BLOCK_N,) booleans.
 
     Contiguous cache (batch, seqlen_cache, heads_k, D): row j of sequence z is at z·sb + j·sn.
     Paged cache (num_blocks, page_size, heads_k, D): row j lives in page j // page_size of the
     sequence, whose physical block is block_table[z, j // page_size], at offset j % page_size.
     When pages are a whole number of key tiles (PAGE_ALIGNED), the tile lies in one page: one
     block-table entry per tile instead of one per row, and the rows are consecutive as in a
-    contiguous cache."""
+    contiguous cache. A block-table entry outside 0..num_blocks − 1 names no page of this cache: its
+    rows do not exist (masked, never read), so no table can make the kernel read outside the cache."""
     if PAGE_ALIGNED:
-        block = tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
-        row = block.to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
+        # one entry for the tile, broadcast over its rows (a scalar's bounds test anded with the rows' mask
+        # gives a mask of the wrong type in Triton's interpreter)
+        block = tl.zeros_like(cols) + tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
+        ok = col_ok & (block >= 0) & (block < num_blocks)
+        row = tl.where(ok, block, 0).to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
     elif PAGED:
         block = tl.load(BLOCK_TABLE + z * sbtz + (cols // page_size) * sbtp, mask=col_ok, other=0)
-        row = block.to(tl.int64) * sb + (cols % page_size) * sn
+        ok = col_ok & (block >= 0) & (block < num_blocks)
+        row = tl.where(ok, block, 0).to(tl.int64) * sb + (cols % page_size) * sn
     else:
+        ok = col_ok
         row = z.to(tl.int64) * sb + cols * sn
-    return CACHE + row[:, None] + kv_h * sh + offs_d[None, :] * sd
+    return CACHE + row[:, None] + kv_h * sh + offs_d[None, :] * sd, ok
 
 
 @triton.jit
@@ -59,7 +66,7 @@ def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, O_PART, LSE_PART,
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
     soz, som, soh, sod,
-    H_KV, n_q, head_dim, GROUP, num_splits, page_size,
+    H_KV, n_q, head_dim, GROUP, num_splits, page_size, capacity, num_blocks,
     qk_scale, softcap,
     PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
@@ -86,7 +93,9 @@ def decode_split_kernel(
     q = tl.load(Q + z.to(tl.int64) * sqz + qi[:, None] * sqm + h[:, None] * sqh + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    seqlen = tl.load(SEQLENS + z)
+    # a length outside 0..capacity (the keys the cache or its block table can hold) is clamped into it:
+    # no cache_seqlens can make the kernel read past the cache
+    seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + z), 0), capacity)
     # this split's key range: whole BLOCK_N tiles, shared out evenly over the splits
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     lo = split * tiles_per_split * BLOCK_N
@@ -101,14 +110,16 @@ def decode_split_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < hi
-        kv_ok = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(_cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
-                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
-                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys and (causal) past the query's position:
-        # the band key − query ≤ seqlen − Sq, queries being the rows' positions qi
-        s, _ = masked_scores(q, k, q, qi, cols, n_q, hi, qk_scale, softcap, -n_q, seqlen - n_q,
+        k_ptrs, key_ok = _cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
+                                     sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED)
+        v_ptrs, _ = _cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
+                                sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED)
+        kv_ok = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys, at rows of missing pages (moved past hi), and
+        # (causal) past the query's position: the band key − query ≤ seqlen − Sq, queries the rows' positions qi
+        s, _ = masked_scores(q, k, q, qi, tl.where(key_ok, cols, hi), n_q, hi, qk_scale, softcap, -n_q, seqlen - n_q,
                              False, IS_CAUSAL, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, True, INPUT_PRECISION)
 

@@ -496,3 +496,45 @@ def test_options_after_cache_seqlens_are_keyword_only():
     k_cache, v_cache = _cache(2, 20, 2, 16)
     with pytest.raises(TypeError, match="positional argument"):
         decode_attention(q, k_cache, v_cache, _lengths([5, 20]), torch.zeros(2, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("route, page", [("kernels", 8), ("kernels", 32), ("FLASHLAB_CPU_KERNELS=0", 8)])
+def test_out_of_range_lengths_and_pages_read_nothing_outside_the_cache(route, page, monkeypatch):
+    """Memory-safe by construction, with the contents unchecked (the GPU's default): a length outside
+    0..capacity is clamped into it (past the end: the whole cache; negative: no key, zeros), and a
+    block-table entry outside 0..num_blocks − 1 names no page (its keys take no part). Before, such
+    inputs segfaulted or returned other memory's contents (absmax 1.6e38). Every output is then a
+    weighted mean of cache rows, so bounded by the cache's largest value. Pages of 32 keys are whole key
+    tiles in the interpreter (one table entry per tile), pages of 8 are gathered row by row."""
+    if route != "kernels":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    heads_k, d = 2, 16
+    k_pool, v_pool = torch.randn(6, page, heads_k, d, device=DEVICE), torch.randn(6, page, heads_k, d, device=DEVICE)
+    q = torch.randn(5, 1, 4, d, device=DEVICE)
+    big = 2**31 - 1
+    table = torch.tensor([[0, 1, 2], [3, -1, 4], [5, big, 0], [1, 2, 3], [4, 5, 0]], dtype=torch.int32,
+                         device=DEVICE)
+    lengths = _lengths([big, 3 * page, 2 * page + 4, -7, page + 1])
+    out = decode_attention(q, k_pool, v_pool, lengths, block_table=table, check_contents=False)
+    assert torch.isfinite(out).all() and out.abs().max() <= v_pool.abs().max()
+
+    def over(rows_k, rows_v, b):      # sequence b over the given cache rows, float64
+        return reference_decode_attention(q[b:b + 1], rows_k[None], rows_v[None], _lengths([rows_k.shape[0]]))[0]
+
+    rows = lambda pool, pages: pool[torch.tensor(pages, device=DEVICE)].flatten(0, 1)    # noqa: E731
+    assert_close(out[0], over(rows(k_pool, [0, 1, 2]), rows(v_pool, [0, 1, 2]), 0))      # length 2³¹−1: the capacity
+    assert_close(out[1], over(rows(k_pool, [3, 4]), rows(v_pool, [3, 4]), 1))            # page −1: its keys left out
+    keys_2 = torch.cat([torch.arange(page), 2 * page + torch.arange(4)])                 # page 2³¹−1 likewise
+    assert_close(out[2], over(rows(k_pool, [5, 0, 0])[keys_2], rows(v_pool, [5, 0, 0])[keys_2], 2))
+    assert torch.equal(out[3], torch.zeros_like(out[3]))                                 # negative length: no key
+    assert_close(out[4], over(rows(k_pool, [4, 5])[:page + 1], rows(v_pool, [4, 5])[:page + 1], 4))
+    # a contiguous cache: a length past the end reads its own row only, not the next sequence's
+    k_cache, v_cache = _cache(2, 12, heads_k, d)
+    out = decode_attention(q[:2], k_cache, v_cache, _lengths([40, -1]), check_contents=False)
+    assert_close(out[0], over(k_cache[0], v_cache[0], 0))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    # the full check stays available for debugging
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k_pool, v_pool, lengths, block_table=table, check_contents=True)
