@@ -21,7 +21,7 @@ from flashlab.kernels.decode import decode_merge_kernel, decode_split_kernel
 from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, cdiv, head_dim_args
 from flashlab.launch.runtime import kernel_for
 from flashlab.launch.spec import AttentionSpec
-from flashlab.reference.checks import check_softcap, default_scale, finite_number, without_neg_views
+from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import without_backward
 
 from .attention import _autocast_inputs, _autocasting
@@ -34,6 +34,20 @@ def launch(kernel, grid, *args, **meta):
     """Every Triton launch of flashlab's decode and varlen kernels goes through here, so how
     kernels run (compiled, or interpreted on CPU) can be decided in one place."""
     kernel_for(kernel, args[0].device)[grid](*args, **meta)
+
+
+def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
+    """(left, right) as the varlen and decode kernels use it: query i sees key j iff
+    −left ≤ j − (i + Lk − Lq) ≤ right (FlashAttention's alignment, to the end of the keys). An
+    unbounded side (window entry −1, or no window) becomes a number no sequence reaches; causal caps
+    right at 0."""
+    unbounded = max_seqlen_q + max_seqlen_k + 1
+    left, right = (-1, -1) if window is None else window
+    left = unbounded if left < 0 else left
+    right = unbounded if right < 0 else right
+    if is_causal:
+        right = min(right, 0)
+    return left, right
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -193,14 +207,16 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=None, scale=None,
-                     causal=False, softcap=None, return_lse=False, check_contents=None, launch_options=None):
+                     causal=False, window=None, softcap=None, return_lse=False, check_contents=None,
+                     launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
-    The tensors' layouts and the meanings of cache_seqlens, block_table, causal, num_splits and the
-    returned log-sum-exp are FlashAttention's. What differs: every option after cache_seqlens is
-    keyword-only (FlashAttention's fourth positional argument is the new ``k``: a ported positional
-    call raises TypeError instead of taking a tensor for another option), ``scale`` for
-    ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the cache.
+    The tensors' layouts and the meanings of cache_seqlens, block_table, causal, the window,
+    num_splits and the returned log-sum-exp are FlashAttention's. What differs: every option after
+    cache_seqlens is keyword-only (FlashAttention's fourth positional argument is the new ``k``: a
+    ported positional call raises TypeError instead of taking a tensor for another option), ``scale``
+    for ``softmax_scale``, ``window`` for ``window_size``, cache_seqlens a tensor (not an int), and no
+    appending of new k/v to the cache.
     `flashlab.flash_attn_interface.flash_attn_with_kvcache` has FlashAttention's own signature
     (appending included) on this function.
 
@@ -223,6 +239,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
             Default False, as FlashAttention's: pass causal=True for several new tokens of one
             sequence.
+        window: ``(left, right)``, FlashAttention's sliding window: query i (at position
+            cache_seqlens − seqlen_q + i) sees the keys from its position − left to its position + right,
+            −1 unbounded on that side; with causal, right is 0. Key tiles outside it are skipped.
         softcap: the logits soft-capped, cap·tanh(x/cap), before the causal mask (Gemma 2's);
             None for none.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
@@ -269,8 +288,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
     if isinstance(q, torch.Tensor) and _autocasting(q):    # as flashlab.attention and SDPA under autocast
         q, k_cache, v_cache, _ = _autocast_inputs(q, k_cache, v_cache, None)
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
+    check_window(window)
     args = (q, k_cache, v_cache, cache_seqlens, block_table, num_splits or 0, default_scale(q.shape[-1], scale),
-            causal, check_softcap(softcap))
+            causal, *(window or (-1, -1)), check_softcap(softcap))
     if not eager:                                       # traced: the custom op
         out, lse = torch.ops.flashlab.decode_forward(*args)
         return (out, lse) if return_lse else out
@@ -282,7 +302,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, nu
 
 
 def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, scale: float, causal: bool,
-            softcap: float, want_lse: bool = True, launch_options=None):
+            window_left: int, window_right: int, softcap: float, want_lse: bool = True, launch_options=None):
     """The op's body: (O laid out as q, in q's dtype; the natural-log log-sum-exp (batch, heads, seqlen_q)
     fp32, −inf for a row with no key; None instead when not ``want_lse``, an eager call that did not ask).
     Nothing here reads cache_seqlens or block_table on the host (but the CPU's PyTorch path)."""
@@ -290,13 +310,13 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, sc
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
         out, lse = _decode(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table, num_splits,
-                           scale, causal, softcap, want_lse, launch_options)
+                           scale, causal, window_left, window_right, softcap, want_lse, launch_options)
         return _laid_out_as(out, q), lse
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
         # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
         out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float32,
-                                      softcap)
+                                      softcap, (window_left, window_right))
         return _laid_out_as(out, q), lse
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
@@ -326,6 +346,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, sc
     lse = torch.empty(batch, seqlen_q, heads, dtype=torch.float32, device=q.device)
     block_d = head_dim_args(head_dim)["BLOCK_D"]
     (qk_scale, softcap_base2, _, _), flags = spec.kernel_args(seqlen_q, capacity)
+    left, right = band(causal, (window_left, window_right), seqlen_q, capacity)
+    has_band = causal or (window_left, window_right) != (-1, -1)
     if num_splits > 1:
         o_part = torch.empty(batch * seqlen_q * heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(batch * seqlen_q * heads, num_splits, dtype=torch.float32, device=q.device)
@@ -336,8 +358,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, sc
                q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
                *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
                heads_k, seqlen_q, head_dim, group, num_splits, page_size, capacity, k_cache.shape[0],
-               qk_scale, softcap_base2,
-               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=spec.is_causal,
+               qk_scale, softcap_base2, left, right,
+               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, HAS_BAND=has_band,
                SOFTCAP=flags["SOFTCAP"], WRITE_FINAL=num_splits == 1,
                BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=spec.precision, **meta)
         if num_splits > 1:
@@ -361,17 +383,20 @@ def _laid_out_as(result, like):
 
 
 def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
-               num_splits: int, scale: float, causal: bool, softcap: float) -> tuple[Tensor, Tensor]:
-    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, softcap)
+               num_splits: int, scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float) -> tuple[Tensor, Tensor]:
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, window_left,
+                   window_right, softcap)
 
 
-# flashlab::decode_forward(q, k_cache, v_cache, cache_seqlens, block_table?, num_splits, scale, causal, softcap)
-#     -> (out, lse): what torch.compile and torch.export see of a call (num_splits 0: chosen; softcap 0: none)
+# flashlab::decode_forward(q, k_cache, v_cache, cache_seqlens, block_table?, num_splits, scale, causal, window_left,
+#                          window_right, softcap) -> (out, lse): what torch.compile and torch.export see of a
+#     call (num_splits 0: chosen; window −1, −1: none; softcap 0: none)
 decode_forward = torch.library.custom_op("flashlab::decode_forward", mutates_args=())(_decode_op)
 
 
 @decode_forward.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, softcap):
+def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, window_left, window_right, softcap):
     batch, seqlen_q, heads, _ = q.shape
     return torch.empty_like(q), q.new_empty(batch, heads, seqlen_q, dtype=torch.float32)
 
@@ -390,7 +415,7 @@ def _no_backward(ctx, grad_out, grad_lse):
     """A gradient for q, k_cache and v_cache that raises when computed (never a silent None)."""
     inputs = ctx.saved_tensors
     return *(torch.ops.flashlab.decode_no_backward(grad_out, t) if ctx.needs_input_grad[i] else None
-             for i, t in enumerate(inputs)), *(None,) * 6
+             for i, t in enumerate(inputs)), *(None,) * 8
 
 
 def _save_inputs(ctx, inputs, output):
@@ -406,12 +431,13 @@ NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference)
 
 
 def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False,
-                               softcap=None):
+                               softcap=None, window=None):
     """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
     (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
-    position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""
+    position (aligned to the end of the cache) and outside the window, softmax, weighted sum.
+    Rows with no key: 0."""
     return decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float64,
-                              check_softcap(softcap))[0]
+                              check_softcap(softcap), window)[0]
 
 
 def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
@@ -429,7 +455,8 @@ def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
     return interpreted_tiles_allowed(tiles)
 
 
-def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype, softcap=0.0):
+def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype, softcap=0.0,
+                       window=None):
     """Decoding one sequence at a time in plain PyTorch, computed in ``dtype``: (out in ``dtype``, the
     natural-log log-sum-exp (batch, heads, seqlen_q) float32, −inf where a row has no key). The
     float64 reference, and (fp32) `decode_attention`'s PyTorch path on a CPU."""
@@ -461,9 +488,9 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
-        keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
-            torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
-        keep = keep & present[None, :]
+        left, right = band(causal, window, seqlen_q, capacity)
+        rel = torch.arange(n, device=q.device)[None, :] - position[:, None]          # key − query position
+        keep = (rel >= -left) & (rel <= right) & present[None, :]
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # empty rows: 0, not NaN
         out[b] = (weights @ v).transpose(0, 1)

@@ -14,7 +14,7 @@ FlashAttention's conventions, which differ from SDPA's and are kept here: ``caus
 to the bottom right of the score matrix (query i of Nq sees keys j ≤ i + Nk − Nq), ``window_size``
 ``(left, right)`` is aligned the same way (−1 unbounded), ``softcap=0.0`` means none, and a row
 with no key gives zeros. An argument flashlab does not implement (ALiBi slopes, rotary embedding,
-``cache_leftpad``, dropout in the packed-varlen path…) raises ``NotImplementedError`` naming it,
+``cache_leftpad``, dropout in the varlen path…) raises ``NotImplementedError`` naming it,
 never a silently different result.
 
 The log-sum-exp that ``return_attn_probs=True`` returns is computed in PyTorch beside the kernels
@@ -165,8 +165,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_batch_idx: int32 ``(batch,)``: which row of a contiguous cache each sequence uses (read
             as a one-page-per-sequence block table: no copy of the cache).
         block_table: int32 ``(batch, max_blocks)`` for a paged cache.
-        softmax_scale, causal, softcap, num_splits (0: chosen), return_softmax_lse: FlashAttention's.
-        window_size: only (-1, -1); rotary_cos/rotary_sin, cache_leftpad, alibi_slopes: not implemented.
+        softmax_scale, causal, window_size, softcap, num_splits (0: chosen), return_softmax_lse: FlashAttention's.
+        rotary_cos/rotary_sin, cache_leftpad, alibi_slopes: not implemented.
 
     Returns:
         ``(batch, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse`` the log-sum-exp
@@ -175,9 +175,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     from .decode import decode_attention
     _check_not_given(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_leftpad=cache_leftpad,
                      alibi_slopes=alibi_slopes)
-    if tuple(window_size) != UNBOUNDED:
-        _unsupported("window_size", tuple(window_size), "flashlab's decoding kernels have no sliding window "
-                     "(keep only the window's tokens in the cache, or use flash_attn_func).")
     if (k is None) != (v is None):
         raise ValueError(f"{'v' if k is not None else 'k'}: k and v are appended to the cache together. "
                          "Pass both new tensors, or neither.")
@@ -201,8 +198,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
         cache_seqlens = cache_seqlens + k.shape[1]
+    window = tuple(window_size)
     return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, num_splits=num_splits,
-                            scale=softmax_scale, causal=causal, softcap=_softcap(softcap),
+                            scale=softmax_scale, causal=causal, window=None if window == UNBOUNDED else window,
+                            softcap=_softcap(softcap),
                             return_lse=return_softmax_lse)
 
 

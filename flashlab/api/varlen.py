@@ -24,7 +24,7 @@ from flashlab.reference.checks import check_softcap, check_window, default_scale
 from flashlab.reference.first_order import first_order_only
 
 from .attention import _autocast_inputs, _autocasting
-from .decode import launch
+from .decode import band, launch
 
 
 def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
@@ -37,19 +37,6 @@ def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
         return {"forward": tiles, "dkdv": tiles, "dq": tiles}
     capability = torch.cuda.get_device_capability()
     return {kernel: autotune.candidates(kernel, head_dim, capability)[0].kwargs() for kernel in autotune.KERNELS}
-
-
-def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
-    """(left, right) as the kernels use it: query i sees key j iff −left ≤ j − (i + Lk − Lq) ≤ right.
-    An unbounded side (window entry −1, or no window) becomes a number no sequence reaches;
-    causal caps right at 0."""
-    unbounded = max_seqlen_q + max_seqlen_k + 1
-    left, right = (-1, -1) if window is None else window
-    left = unbounded if left < 0 else left
-    right = unbounded if right < 0 else right
-    if is_causal:
-        right = min(right, 0)
-    return left, right
 
 
 def key_tile_range(first_query: int, last_query: int, q_len: int, k_len: int, left: int, right: int,

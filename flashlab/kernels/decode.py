@@ -20,8 +20,9 @@ With one split the split kernel writes the final output itself and no merge runs
 
 Causal alignment is to the END of the cache (FlashAttention's convention): query i of
 seqlen_q is the token at position seqlen − seqlen_q + i and sees keys j ≤ seqlen − seqlen_q + i,
-a band of `flashlab.kernels.tile.visible`. Scores, soft-capping and the softmax update are the
-tile rules every kernel shares.
+a band of `flashlab.kernels.tile.visible`; a sliding window (left, right) is the band
+seqlen − seqlen_q + i − left ≤ j ≤ seqlen − seqlen_q + i + right, and key tiles outside it are
+skipped. Scores, soft-capping and the softmax update are the tile rules every kernel shares.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def decode_split_kernel(
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
     soz, som, soh, sod,
     H_KV, n_q, head_dim, GROUP, num_splits, page_size, capacity, num_blocks,
-    qk_scale, softcap,
-    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    qk_scale, softcap, left, right,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, HAS_BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
@@ -100,9 +101,11 @@ def decode_split_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     lo = split * tiles_per_split * BLOCK_N
     hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
-    if IS_CAUSAL:                                     # tiles past the block's last query's keys: skipped
+    if HAS_BAND:            # causal and/or a window: tiles outside the block's queries' bands are skipped
+        first_q = (row_block * BLOCK_M) // GROUP
         last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
-        hi = tl.minimum(hi, seqlen - n_q + last_q + 1)
+        lo = tl.maximum(lo, tl.maximum(seqlen - n_q + first_q - left, 0) // BLOCK_N * BLOCK_N)
+        hi = tl.minimum(hi, seqlen - n_q + last_q + right + 1)
 
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -118,9 +121,11 @@ def decode_split_kernel(
         k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
         v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
         # S = Q Kᵀ·scale·log2 e, −inf past this split's keys, at rows of missing pages (moved past hi), and
-        # (causal) past the query's position: the band key − query ≤ seqlen − Sq, queries the rows' positions qi
-        s, _ = masked_scores(q, k, q, qi, tl.where(key_ok, cols, hi), n_q, hi, qk_scale, softcap, -n_q, seqlen - n_q,
-                             False, IS_CAUSAL, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
+        # outside the band seqlen − Sq − left ≤ key − query ≤ seqlen − Sq + right (causal: right = 0),
+        # queries being the rows' positions qi
+        s, _ = masked_scores(q, k, q, qi, tl.where(key_ok, cols, hi), n_q, hi, qk_scale, softcap,
+                             seqlen - n_q - left, seqlen - n_q + right,
+                             False, HAS_BAND, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, True, INPUT_PRECISION)
 
     # a row with no key: O = 0, L = −inf (no weight in the merge)

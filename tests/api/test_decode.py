@@ -400,7 +400,7 @@ def test_torch_export_captures_one_node(paged):
     assert lse.shape == (2, 4, 2) and lse.is_contiguous()
 
 
-@pytest.mark.parametrize("case", ["contiguous", "paged fp16 softcap", "FLASHLAB_CPU_KERNELS=0"])
+@pytest.mark.parametrize("case", ["contiguous", "paged fp16 softcap window", "FLASHLAB_CPU_KERNELS=0"])
 def test_the_custom_op_passes_opcheck(case, monkeypatch):
     """Schema, fake tensor, autograd registration and AOT dispatch: contiguous and paged caches, fp16
     (computed in fp32 on the CPU), and the CPU's PyTorch path."""
@@ -409,15 +409,15 @@ def test_the_custom_op_passes_opcheck(case, monkeypatch):
     if case.startswith("paged"):
         k_cache, v_cache, table = _paged([0, 9, 31], 8, 2, 16)
         q, k_cache, v_cache = q.half(), k_cache.half(), v_cache.half()
-        softcap = 3.0
+        softcap, window = 3.0, (5, 0)
     else:
-        (k_cache, v_cache), table, softcap = _cache(3, 31, 2, 16), None, 0.0
+        (k_cache, v_cache), table, softcap, window = _cache(3, 31, 2, 16), None, 0.0, (-1, -1)
     if case == "FLASHLAB_CPU_KERNELS=0":
         if DEVICE != "cpu":
             pytest.skip("the CPU's routing")
         monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
     result = torch.library.opcheck(torch.ops.flashlab.decode_forward.default,
-                                   (q, k_cache, v_cache, lengths, table, 2, 0.25, True, softcap))
+                                   (q, k_cache, v_cache, lengths, table, 2, 0.25, True, *window, softcap))
     assert set(result.values()) == {"SUCCESS"}, result
 
 
@@ -538,3 +538,28 @@ def test_out_of_range_lengths_and_pages_read_nothing_outside_the_cache(route, pa
     # the full check stays available for debugging
     with pytest.raises(ValueError, match="block_table"):
         decode_attention(q, k_pool, v_pool, lengths, block_table=table, check_contents=True)
+
+
+@pytest.mark.parametrize("route", ["kernels", "FLASHLAB_CPU_KERNELS=0"])
+@pytest.mark.parametrize("causal, window", [(True, (40, 0)), (False, (7, 3)), (True, (0, 0))])
+def test_sliding_window_paged_split_and_grouped(route, causal, window, monkeypatch):
+    """A window over a paged cache, cut into splits, several new queries stacked with their group: against
+    the float64 reference and, independently, against varlen's float64 reference on the gathered rows.
+    Key tiles before the window are skipped (a split with no tile left gives no key, and merges away)."""
+    from flashlab.api.varlen import cu_seqlens_from_lengths, reference_varlen_attention
+    if route != "kernels":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    lengths = [0, 3, 90, 130]
+    k, v, table = _paged(lengths, 16, heads_k=2, head_dim=16)
+    q = torch.randn(4, 3, 4, 16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=4, causal=causal, window=window)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=causal,
+                                                 window=window))
+    for b, n in enumerate(lengths[1:], start=1):
+        rows = torch.arange(n, device=DEVICE)
+        kb, vb = (t[table[b].long()[rows // 16], rows % 16] for t in (k, v))
+        want = reference_varlen_attention(q[b], kb, vb, cu_seqlens_from_lengths([3], DEVICE),
+                                          cu_seqlens_from_lengths([n], DEVICE), is_causal=causal, window=window)
+        assert_close(out[b], want)

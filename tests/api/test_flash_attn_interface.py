@@ -125,10 +125,12 @@ def _cache_case(lengths, capacity=24, heads=4, heads_k=2, d=16):
     return q, k_cache, v_cache, torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
 
 
-def _cache_reference(q, k_cache, v_cache, lengths, causal=False, softcap=0.0, softmax_scale=None):
+def _cache_reference(q, k_cache, v_cache, lengths, causal=False, softcap=0.0, softmax_scale=None,
+                     window_size=(-1, -1)):
     """Sequence b is its first lengths[b] cache rows: the dense reference, one sequence at a time."""
     return torch.cat([_reference(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], causal=causal,
-                                 softcap=softcap, softmax_scale=softmax_scale) for b, n in enumerate(lengths)])
+                                 softcap=softcap, softmax_scale=softmax_scale, window_size=window_size)
+                      for b, n in enumerate(lengths)])
 
 
 def test_kvcache_read_only_positional_and_keyword():
@@ -141,6 +143,18 @@ def test_kvcache_read_only_positional_and_keyword():
     assert_close(out, _cache_reference(q, k_cache, v_cache, lengths, softcap=2.0, softmax_scale=0.2))
     assert lse.shape == (3, 4, 1)
     assert_close(flash_attn_with_kvcache(q, k_cache, v_cache), _cache_reference(q, k_cache, v_cache, [24] * 3))
+
+
+@pytest.mark.parametrize("causal, window_size", [(True, (5, 0)), (False, (3, 2)), (True, (0, 0)), (False, (-1, 1))])
+def test_kvcache_sliding_window(causal, window_size):
+    """FlashAttention's window in flash_attn_with_kvcache, bottom right: query i of 3 new tokens sees the
+    cached keys from its position − left to its position + right (causal: + 0)."""
+    lengths = [4, 24, 11]
+    q, k_cache, v_cache, seqlens = _cache_case(lengths)
+    q = _randn(3, 3, 4, 16)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=causal, window_size=window_size,
+                                  num_splits=3)
+    assert_close(out, _cache_reference(q, k_cache, v_cache, lengths, causal=causal, window_size=window_size))
 
 
 def test_kvcache_appends_new_tokens_in_place_then_attends_causally():
@@ -192,7 +206,6 @@ def test_kvcache_appends_new_tokens_in_place_then_attends_causally():
     (lambda q, k, v: flash_attn_with_kvcache(q, k, v, rotary_cos=torch.ones(8, 4)), "rotary_cos"),
     (lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_leftpad=torch.zeros(2, dtype=torch.int32)),
      "cache_leftpad"),
-    (lambda q, k, v: flash_attn_with_kvcache(q, k, v, window_size=(8, 0)), "window_size"),
     (lambda q, k, v: flash_attn_varlen_func(q[0], k[0], v[0], *[cu_seqlens_from_lengths([5], DEVICE)] * 2, 5, 5,
                                             0.1), "dropout_p"),
 ])
