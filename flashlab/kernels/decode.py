@@ -35,7 +35,7 @@ from .tile import finish_rows, masked_scores, merge_step, online_softmax_step
 
 @triton.jit
 def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
-                num_blocks, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
+                num_blocks, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IN_BOUNDS: tl.constexpr):
     """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D), and which of
     the rows exist: (BLOCK_N,) booleans.
 
@@ -50,12 +50,18 @@ def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, 
         # one entry for the tile, broadcast over its rows (a scalar's bounds test anded with the rows' mask
         # gives a mask of the wrong type in Triton's interpreter)
         block = tl.zeros_like(cols) + tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
-        ok = col_ok & (block >= 0) & (block < num_blocks)
-        row = tl.where(ok, block, 0).to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
+        ok = col_ok
+        if IN_BOUNDS:
+            ok = ok & (block >= 0) & (block < num_blocks)
+            block = tl.where(ok, block, 0)
+        row = block.to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
     elif PAGED:
         block = tl.load(BLOCK_TABLE + z * sbtz + (cols // page_size) * sbtp, mask=col_ok, other=0)
-        ok = col_ok & (block >= 0) & (block < num_blocks)
-        row = tl.where(ok, block, 0).to(tl.int64) * sb + (cols % page_size) * sn
+        ok = col_ok
+        if IN_BOUNDS:
+            ok = ok & (block >= 0) & (block < num_blocks)
+            block = tl.where(ok, block, 0)
+        row = block.to(tl.int64) * sb + (cols % page_size) * sn
     else:
         ok = col_ok
         row = z.to(tl.int64) * sb + cols * sn
@@ -72,7 +78,10 @@ def decode_split_kernel(
     PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, HAS_BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    IN_BOUNDS: tl.constexpr = True,
 ):
+    # IN_BOUNDS: lengths clamped and block indexes masked to the cache (always, but in the decode-table
+    # suite's measurement of what that costs, which turns it off on valid inputs)
     # 1-D grid: splits fastest, then row blocks, then batch·kv head
     rows_total = n_q * GROUP
     num_row_blocks = tl.cdiv(rows_total, BLOCK_M)
@@ -96,7 +105,9 @@ def decode_split_kernel(
 
     # a length outside 0..capacity (the keys the cache or its block table can hold) is clamped into it:
     # no cache_seqlens can make the kernel read past the cache
-    seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + z), 0), capacity)
+    seqlen = tl.load(SEQLENS + z)
+    if IN_BOUNDS:
+        seqlen = tl.minimum(tl.maximum(seqlen, 0), capacity)
     # this split's key range: whole BLOCK_N tiles, shared out evenly over the splits
     tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
     lo = split * tiles_per_split * BLOCK_N
@@ -114,16 +125,19 @@ def decode_split_kernel(
         cols = start_n + offs_n
         col_ok = cols < hi
         k_ptrs, key_ok = _cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
-                                     sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED)
+                                     sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED, IN_BOUNDS)
         v_ptrs, _ = _cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
-                                sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED)
+                                sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED, IN_BOUNDS)
         kv_ok = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
         v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
-        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys, at rows of missing pages (moved past hi), and
-        # outside the band seqlen − Sq − left ≤ key − query ≤ seqlen − Sq + right (causal: right = 0),
-        # queries being the rows' positions qi
-        s, _ = masked_scores(q, k, q, qi, tl.where(key_ok, cols, hi), n_q, hi, qk_scale, softcap,
+        key_cols = cols
+        if IN_BOUNDS and PAGED:
+            key_cols = tl.where(key_ok, cols, hi)         # rows of missing pages: moved past hi, so hidden
+        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys (and missing pages), and outside the band
+        # seqlen − Sq − left ≤ key − query ≤ seqlen − Sq + right (causal: right = 0), queries being the
+        # rows' positions qi
+        s, _ = masked_scores(q, k, q, qi, key_cols, n_q, hi, qk_scale, softcap,
                              seqlen - n_q - left, seqlen - n_q + right,
                              False, HAS_BAND, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, True, INPUT_PRECISION)

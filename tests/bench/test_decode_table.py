@@ -2,6 +2,8 @@
 bandwidth fraction and (contiguous) SDPA's backends and agreement with SDPA; paged rows their
 overhead; the targets are computed from the rows; rows over the memory limit are skipped, named."""
 
+import torch
+
 from flashlab.bench.suite import Context
 from flashlab.bench.suites import SUITES
 from flashlab.bench.suites.decode_table import QUICK, table, targets
@@ -24,3 +26,18 @@ def test_a_reduced_grid_and_its_targets(tmp_path):
     assert (tmp_path / "decode-table.json").exists()                       # saved after each row
     over = table(ctx, dict(grid, max_kv_bytes=1024), copy_GBps=1.0)[-1]
     assert over["skipped"].startswith("K/V of") and 2 * over["kv_bytes"] > 1024
+
+
+def test_the_masking_cost_rows_and_the_unmasked_kernel_agree_on_valid_inputs(tmp_path):
+    from flashlab.api.decode import decode_attention
+    from flashlab.bench.suites.decode_table import masking_cost, shuffled_pages
+    ctx = Context(SUITES["decode-table"], "cpu", True, 120, tmp_path / "decode-table.json", {})
+    rows = masking_cost(ctx, dict(QUICK, masking=dict(batches=(1,), cache=40, heads=(4, 2))))
+    assert [r["page_size"] for r in rows] == ["contiguous", 16]
+    assert all(r["overhead"] > -1 and len(r["ms"]) == 4 for r in rows)
+    q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 40, 2, 16), torch.randn(2, 40, 2, 16)
+    k_pool, v_pool, table = shuffled_pages(k, v, 16, torch.Generator().manual_seed(0))
+    lengths = torch.tensor([40, 17], dtype=torch.int32)
+    masked = decode_attention(q, k_pool, v_pool, lengths, block_table=table)
+    assert torch.equal(masked, decode_attention(q, k_pool, v_pool, lengths, block_table=table,
+                                                launch_options={"IN_BOUNDS": False}))

@@ -13,6 +13,9 @@ device-to-device copy (read + write bytes, as the decode-varlen suite counts it)
 twice in 60 GiB (the cache and its paged or SDPA-layout copy) are recorded as skipped. Pages are
 shuffled in a pool of blocks.
 
+First, what memory safety costs: the kernel that clamps lengths and masks block indexes against the
+kernel without (``IN_BOUNDS=False``), at 64k, batch 1 and 4, each page size (target ≤ 1 %).
+
 Targets (recorded in "targets"): batch 1 at ≥ 0.85 of the copy bandwidth from a CUDA graph and faster
 than the fastest SDPA backend at every cache length; pages of 16 and 64 within 10 % of contiguous.
 
@@ -31,9 +34,10 @@ from flashlab.reference.float64 import rel_error
 
 FULL = dict(batches=(1, 2, 4, 8, 16), caches=(8192, 16384, 32768, 65536, 131072), pages=(None, 16, 64, 256),
             heads=((32, 8), (32, 32)), head_dim=128, dtype=torch.bfloat16, copy_elements=2 ** 30,
-            max_kv_bytes=60 * 2 ** 30)
+            max_kv_bytes=60 * 2 ** 30, masking=dict(batches=(1, 4), cache=65536, heads=(32, 8)))
 QUICK = dict(batches=(1, 2), caches=(64, 96), pages=(None, 16), heads=((4, 2), (4, 4)), head_dim=16,
-             dtype=torch.float32, copy_elements=2 ** 22, max_kv_bytes=2 ** 30)
+             dtype=torch.float32, copy_elements=2 ** 22, max_kv_bytes=2 ** 30,
+             masking=dict(batches=(1,), cache=96, heads=(4, 2)))
 MATH_MAX_BYTES = 2 ** 30       # SDPA's math backend repeats K/V over the group: only where that stays small
 
 
@@ -172,6 +176,42 @@ def table(ctx: Context, grid: dict, copy_GBps: float) -> list[dict]:
     return rows
 
 
+def masking_cost(ctx: Context, grid: dict) -> list[dict]:
+    """What keeping every read inside the cache costs: the split kernel with its lengths clamped and block
+    indexes masked (as always) against the same kernel without (launch option IN_BOUNDS=False, valid
+    inputs only), the same cache, alternately timed; overhead = masked / unmasked − 1."""
+    device, dtype, head_dim = ctx.device, grid["dtype"], grid["head_dim"]
+    heads, heads_k = grid["masking"]["heads"]
+    cache_len = grid["masking"]["cache"]
+    generator = torch.Generator().manual_seed(1)
+    rows = []
+    mode = "graph" if device == "cuda" else "eager"
+    for batch in grid["masking"]["batches"]:
+        q = torch.randn(batch, 1, heads, head_dim, dtype=dtype, device=device)
+        k, v = (torch.randn(batch, cache_len, heads_k, head_dim, dtype=dtype, device=device) for _ in range(2))
+        lengths = torch.full((batch,), cache_len, dtype=torch.int32, device=device)
+        for page_size in grid["pages"]:
+            if ctx.over():
+                rows.append({"batch": batch, "page_size": page_size or "contiguous", "skipped": ctx.skipped()})
+                continue
+            kk, vv, block_table = (k, v, None) if page_size is None else shuffled_pages(k, v, page_size, generator)
+            times = {}
+            for name, options in (("masked", None), ("unmasked", {"IN_BOUNDS": False}),
+                                  ("masked again", None), ("unmasked again", {"IN_BOUNDS": False})):
+                def step(q=q, kk=kk, vv=vv, lengths=lengths, block_table=block_table, options=options):
+                    return decode_attention(q, kk, vv, lengths, block_table=block_table, launch_options=options)
+                times[name] = timed(step, device)[mode]
+            row = {"batch": batch, "cache_len": cache_len, "heads": heads, "heads_k": heads_k,
+                   "page_size": page_size or "contiguous", "mode": mode, "ms": times}
+            if all(isinstance(t, float) for t in times.values()):
+                masked, unmasked = (min(times[n], times[f"{n} again"]) for n in ("masked", "unmasked"))
+                row["overhead"] = masked / unmasked - 1
+            rows.append(row)
+            ctx.log(f"masking, batch {batch} pages {row['page_size']}: {row.get('overhead', times)}")
+        del q, k, v
+    return rows
+
+
 def targets(rows: list[dict], mode: str) -> list[dict]:
     """The issue's targets over the measured rows (a target with no row measured is left out)."""
     measured = [r for r in rows if "flashlab_ms" in r]
@@ -199,10 +239,15 @@ def run(ctx: Context) -> None:
     ctx.record["how"] = __doc__
     ctx.record["grid"] = dict(grid)            # (the record is written with default=str: the dtype as its name)
     ctx.record["copy"] = copy_bandwidth(ctx.device, grid["copy_elements"], torch.float16)
+    ctx.record["masking_cost"] = masking_cost(ctx, grid)
     ctx.record["rows"] = []
     ctx.save()
     table(ctx, grid, ctx.record["copy"]["GBps"])
     ctx.record["targets"] = [*targets(ctx.record["rows"], "graph"), *targets(ctx.record["rows"], "eager")]
+    overheads = [r["overhead"] for r in ctx.record["masking_cost"] if "overhead" in r]
+    if overheads:
+        ctx.record["targets"].append({"name": "bounds masking: overhead over the unmasked kernel, worst row",
+                                      "value": max(overheads), "target": "≤ 0.01", "met": max(overheads) <= 0.01})
     ctx.save()
     for t in ctx.record["targets"]:
         ctx.log(f"{'MET   ' if t['met'] else 'MISSED'} {t['name']}: {t['value']:.3g} (target {t['target']})")
@@ -214,7 +259,7 @@ SUITE = Suite(
     measures="decode_attention's time (eager and CUDA-graph replay) and K/V read bandwidth as a fraction of a "
              "device-to-device copy measured in the same run, for every batch, cache length, page size and "
              "head grouping; SDPA's flash, memory-efficient, cuDNN (and math) backends on the contiguous rows; "
-             "paging overhead against contiguous",
+             "paging overhead against contiguous; the cost of the bounds masking against the unmasked kernel",
     shapes="bf16, D = 128, query length 1, heads 32/8 and 32/32, batch 1-16, cache 8k-128k, pages of 16, 64, 256 "
            "and contiguous (rows over the memory limit recorded as skipped); --quick: fp32, D = 16, heads 4/2 "
            "and 4/4, batch 1-2, caches of 64 and 96, pages of 16 and contiguous",
