@@ -41,3 +41,13 @@ def test_the_masking_cost_rows_and_the_unmasked_kernel_agree_on_valid_inputs(tmp
     masked = decode_attention(q, k_pool, v_pool, lengths, block_table=table)
     assert torch.equal(masked, decode_attention(q, k_pool, v_pool, lengths, block_table=table,
                                                 launch_options={"IN_BOUNDS": False}))
+
+
+def test_the_generation_section_generates_the_same_tokens_on_both_caches(tmp_path):
+    """flashlab's paged cache (flash_attn_with_kvcache) and SDPA's static cache with a mask generate the
+    same greedy tokens from the same model (fp32 on a CPU), and each gets its tokens/s."""
+    from flashlab.bench.suites.decode_table import generation
+    ctx = Context(SUITES["decode-table"], "cpu", True, 120, tmp_path / "decode-table.json", {})
+    row, = generation(ctx, dict(QUICK, generation=dict(QUICK["generation"], steps=5)))
+    assert row["same_tokens"] and set(row["tokens_per_s"]) == {"flashlab eager", "sdpa eager"}
+    assert row["speedup_eager"] > 0

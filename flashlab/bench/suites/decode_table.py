@@ -13,8 +13,14 @@ device-to-device copy (read + write bytes, as the decode-varlen suite counts it)
 twice in 60 GiB (the cache and its paged or SDPA-layout copy) are recorded as skipped. Pages are
 shuffled in a pool of blocks.
 
-First, what memory safety costs: the kernel that clamps lengths and masks block indexes against the
-kernel without (``IN_BOUNDS=False``), at 64k, batch 1 and 4, each page size (target ≤ 1 %).
+Before the table, two sections. First, what memory safety costs: the kernel that clamps lengths and
+masks block indexes against the kernel without (``IN_BOUNDS=False``), at 64k, batch 1 and 4, each page
+size (target ≤ 1 %).
+
+Then the demo model (`flashlab.train.generate`: learned positions, 4 layers, width 1024, 8 heads of 128)
+generating 64 tokens after a prompt of 1024 at batch 1 and 8: tokens/s with flashlab's paged cache
+(pages of 64) against SDPA with a static contiguous cache and a mask, eager and graph-replayed per step,
+and whether both generate the same tokens.
 
 Targets (recorded in "targets"): batch 1 at ≥ 0.85 of the copy bandwidth from a CUDA graph and faster
 than the fastest SDPA backend at every cache length; pages of 16 and 64 within 10 % of contiguous.
@@ -29,15 +35,21 @@ import torch.nn.functional as F
 
 from flashlab.api.decode import choose_num_splits, decode_attention, decode_block_sizes, sm_count, tiles_for_pages
 from flashlab.bench.suite import Context, Suite
-from flashlab.launch.timing import time_graph_ms, time_ms
+from flashlab.launch.timing import capture_cuda_graph, time_graph_ms, time_ms, wall_ms
 from flashlab.reference.float64 import rel_error
+from flashlab.train.generate import PagedKVCache, decode_step
+from flashlab.train.model import CausalTransformer
 
 FULL = dict(batches=(1, 2, 4, 8, 16), caches=(8192, 16384, 32768, 65536, 131072), pages=(None, 16, 64, 256),
             heads=((32, 8), (32, 32)), head_dim=128, dtype=torch.bfloat16, copy_elements=2 ** 30,
-            max_kv_bytes=60 * 2 ** 30, masking=dict(batches=(1, 4), cache=65536, heads=(32, 8)))
+            max_kv_bytes=60 * 2 ** 30, masking=dict(batches=(1, 4), cache=65536, heads=(32, 8)),
+            generation=dict(vocab=1024, d_model=1024, heads=8, layers=4, batches=(1, 8), prompt=1024, steps=64,
+                            capacity=4096, page_size=64))
 QUICK = dict(batches=(1, 2), caches=(64, 96), pages=(None, 16), heads=((4, 2), (4, 4)), head_dim=16,
              dtype=torch.float32, copy_elements=2 ** 22, max_kv_bytes=2 ** 30,
-             masking=dict(batches=(1,), cache=96, heads=(4, 2)))
+             masking=dict(batches=(1,), cache=96, heads=(4, 2)),
+             generation=dict(vocab=61, d_model=32, heads=4, layers=1, batches=(1,), prompt=4, steps=3, capacity=16,
+                             page_size=8))
 MATH_MAX_BYTES = 2 ** 30       # SDPA's math backend repeats K/V over the group: only where that stays small
 
 
@@ -212,6 +224,90 @@ def masking_cost(ctx: Context, grid: dict) -> list[dict]:
     return rows
 
 
+def sdpa_decode_step(model: CausalTransformer, tokens, k_cache, v_cache, seqlens):
+    """`flashlab.train.generate.decode_step` on SDPA with a contiguous static cache ``(layers, batch, heads,
+    capacity, head_dim)``, as transformers' static cache runs: the new keys and values written at
+    seqlens …, then attention over the whole capacity with a boolean mask of the keys each query sees."""
+    batch, n = tokens.shape
+    positions = seqlens.long()[:, None] + torch.arange(n, device=tokens.device)
+    mask = (torch.arange(k_cache.shape[3], device=tokens.device)[None, None, :] <= positions[:, :, None])[:, None]
+    rows = torch.arange(batch, device=tokens.device)[:, None]
+    x = model.tokens(tokens) + model.positions(positions)
+    for layer, block in enumerate(model.blocks):
+        attn = block.attn
+        q, k, v = attn.qkv(block.norm1(x)).view(batch, n, 3, attn.num_heads, attn.head_dim).unbind(2)
+        k_cache[layer][rows, :, positions], v_cache[layer][rows, :, positions] = k, v
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[layer], v_cache[layer], attn_mask=mask)
+        x = x + attn.out(y.transpose(1, 2).reshape(batch, n, -1))
+        x = x + block.mlp(block.norm2(x))
+    return model.norm(x) @ model.tokens.weight.T
+
+
+@torch.no_grad()
+def generation(ctx: Context, grid: dict) -> list[dict]:
+    """The demo model (`flashlab.train.generate`) decoding ``steps`` tokens after a prompt, one token a step:
+    flashlab's paged cache through flash_attn_with_kvcache against SDPA's static cache, eagerly and (GPU)
+    each step replayed from a CUDA graph; tokens/s over the decoding steps (the prompt's step not timed)
+    and whether the two implementations generate the same tokens."""
+    device, dtype, g = ctx.device, grid["dtype"], grid["generation"]
+    torch.manual_seed(0)
+    model = CausalTransformer(g["vocab"], g["capacity"], g["d_model"], g["layers"], g["heads"], attention="sdpa")
+    model = model.to(device=device, dtype=dtype).eval()
+    heads, head_dim = g["heads"], g["d_model"] // g["heads"]
+    rows = []
+    for batch in g["batches"]:
+        prompt = torch.randint(0, g["vocab"], (batch, g["prompt"]), device=device)
+        paged = PagedKVCache.empty(model, batch, g["capacity"], g["page_size"])
+        static = [torch.zeros(g["layers"], batch, heads, g["capacity"], head_dim, dtype=dtype, device=device)
+                  for _ in range(2)]
+        steps = {"flashlab": lambda t: decode_step(model, t, paged),
+                 "sdpa": lambda t: sdpa_decode_step(model, t, *static, paged.seqlens)}
+        row = {"batch": batch, "prompt": g["prompt"], "steps": g["steps"], "tokens_per_s": {}, "generated": {}}
+        for name, step in steps.items():
+            for mode in ("eager", "graph") if device == "cuda" else ("eager",):
+                if ctx.over():
+                    row["tokens_per_s"][f"{name} {mode}"] = ctx.skipped()
+                    continue
+                token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+                out = []
+
+                def prefill(step=step, token=token):
+                    paged.seqlens.zero_()
+                    token.copy_(step(prompt)[:, -1:].argmax(-1))
+                    paged.seqlens.add_(g["prompt"])
+                prefill()
+                if mode == "graph":
+                    graph, logits = capture_cuda_graph(lambda step=step, token=token: step(token))
+
+                    def advance(graph=graph, logits=logits, token=token):
+                        graph.replay()
+                        token.copy_(logits[:, -1:].argmax(-1))
+                else:
+                    def advance(step=step, token=token):
+                        token.copy_(step(token)[:, -1:].argmax(-1))
+
+                def decode(prefill=prefill, advance=advance, token=token, out=out):
+                    prefill()
+                    out.clear()
+                    for _ in range(g["steps"]):
+                        out.append(token.clone())
+                        advance()
+                        paged.seqlens.add_(1)
+                ms = wall_ms(decode, device=device, warmup=1, repeats=3)
+                row["tokens_per_s"][f"{name} {mode}"] = batch * g["steps"] / (ms / 1e3)
+                row["generated"][f"{name} {mode}"] = torch.cat(out, 1).tolist()
+        generated = list(row["generated"].values())
+        row["same_tokens"] = all(t == generated[0] for t in generated)
+        for mode in ("eager", "graph"):
+            ours, theirs = row["tokens_per_s"].get(f"flashlab {mode}"), row["tokens_per_s"].get(f"sdpa {mode}")
+            if isinstance(ours, float) and isinstance(theirs, float):
+                row[f"speedup_{mode}"] = ours / theirs
+        row.pop("generated")
+        rows.append(row)
+        ctx.log(f"generation, batch {batch}: {row['tokens_per_s']} tokens/s, same tokens: {row['same_tokens']}")
+    return rows
+
+
 def targets(rows: list[dict], mode: str) -> list[dict]:
     """The issue's targets over the measured rows (a target with no row measured is left out)."""
     measured = [r for r in rows if "flashlab_ms" in r]
@@ -240,6 +336,7 @@ def run(ctx: Context) -> None:
     ctx.record["grid"] = dict(grid)            # (the record is written with default=str: the dtype as its name)
     ctx.record["copy"] = copy_bandwidth(ctx.device, grid["copy_elements"], torch.float16)
     ctx.record["masking_cost"] = masking_cost(ctx, grid)
+    ctx.record["generation"] = generation(ctx, grid)
     ctx.record["rows"] = []
     ctx.save()
     table(ctx, grid, ctx.record["copy"]["GBps"])
@@ -259,8 +356,10 @@ SUITE = Suite(
     measures="decode_attention's time (eager and CUDA-graph replay) and K/V read bandwidth as a fraction of a "
              "device-to-device copy measured in the same run, for every batch, cache length, page size and "
              "head grouping; SDPA's flash, memory-efficient, cuDNN (and math) backends on the contiguous rows; "
-             "paging overhead against contiguous; the cost of the bounds masking against the unmasked kernel",
+             "paging overhead against contiguous; the cost of the bounds masking against the unmasked kernel; "
+             "the demo model's generation tokens/s, paged flashlab cache against SDPA's static cache",
     shapes="bf16, D = 128, query length 1, heads 32/8 and 32/32, batch 1-16, cache 8k-128k, pages of 16, 64, 256 "
            "and contiguous (rows over the memory limit recorded as skipped); --quick: fp32, D = 16, heads 4/2 "
-           "and 4/4, batch 1-2, caches of 64 and 96, pages of 16 and contiguous",
+           "and 4/4, batch 1-2, caches of 64 and 96, pages of 16 and contiguous; generation: 4 layers, width 1024, "
+           "batch 1 and 8, 64 tokens after 1024",
     budget_s=600, min_s=60, run=run, needs="gpu, or quick")
