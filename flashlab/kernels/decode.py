@@ -69,6 +69,30 @@ def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, 
 
 
 @triton.jit
+def _split_keys(SEQLENS, z, capacity, split, num_splits, row_block, n_q, GROUP, left, right,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BAND: tl.constexpr, IN_BOUNDS: tl.constexpr):
+    """(seqlen, lo, hi): sequence z's cache length and the key range [lo, hi) this split's program reads.
+
+    A length outside 0..capacity (the keys the cache or its block table can hold) is clamped into it
+    (IN_BOUNDS: always, but in the decode-table suite's measurement of its cost, on valid inputs): no
+    cache_seqlens can make the kernel read past the cache. The keys are dealt out in whole BLOCK_N
+    tiles, ceil(tiles / splits) to a split; with causality or a window, the tiles outside the band
+    of the row block's queries (positions seqlen − Sq + i) are skipped."""
+    seqlen = tl.load(SEQLENS + z)
+    if IN_BOUNDS:
+        seqlen = tl.minimum(tl.maximum(seqlen, 0), capacity)
+    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
+    if HAS_BAND:
+        first_q = (row_block * BLOCK_M) // GROUP
+        last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
+        lo = tl.maximum(lo, tl.maximum(seqlen - n_q + first_q - left, 0) // BLOCK_N * BLOCK_N)
+        hi = tl.minimum(hi, seqlen - n_q + last_q + right + 1)
+    return seqlen, lo, hi
+
+
+@triton.jit
 def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, O_PART, LSE_PART,
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
@@ -80,8 +104,7 @@ def decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     IN_BOUNDS: tl.constexpr = True,
 ):
-    # IN_BOUNDS: lengths clamped and block indexes masked to the cache (always, but in the decode-table
-    # suite's measurement of what that costs, which turns it off on valid inputs)
+    # IN_BOUNDS: lengths clamped and block indexes masked to the cache (`_split_keys`, `_cache_rows`)
     # 1-D grid: splits fastest, then row blocks, then batch·kv head
     rows_total = n_q * GROUP
     num_row_blocks = tl.cdiv(rows_total, BLOCK_M)
@@ -103,21 +126,8 @@ def decode_split_kernel(
     q = tl.load(Q + z.to(tl.int64) * sqz + qi[:, None] * sqm + h[:, None] * sqh + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    # a length outside 0..capacity (the keys the cache or its block table can hold) is clamped into it:
-    # no cache_seqlens can make the kernel read past the cache
-    seqlen = tl.load(SEQLENS + z)
-    if IN_BOUNDS:
-        seqlen = tl.minimum(tl.maximum(seqlen, 0), capacity)
-    # this split's key range: whole BLOCK_N tiles, shared out evenly over the splits
-    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
-    lo = split * tiles_per_split * BLOCK_N
-    hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
-    if HAS_BAND:            # causal and/or a window: tiles outside the block's queries' bands are skipped
-        first_q = (row_block * BLOCK_M) // GROUP
-        last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
-        lo = tl.maximum(lo, tl.maximum(seqlen - n_q + first_q - left, 0) // BLOCK_N * BLOCK_N)
-        hi = tl.minimum(hi, seqlen - n_q + last_q + right + 1)
-
+    seqlen, lo, hi = _split_keys(SEQLENS, z, capacity, split, num_splits, row_block, n_q, GROUP, left, right,
+                                 BLOCK_M, BLOCK_N, HAS_BAND, IN_BOUNDS)
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
