@@ -4,9 +4,10 @@ code is changing its import:
 
     from flashlab.flash_attn_interface import flash_attn_func, flash_attn_with_kvcache
 
-- `flash_attn_func`, `flash_attn_qkvpacked_func`: ``(batch, seqlen, nheads, headdim)`` tensors, through
-  `flashlab.attention` (`flashlab.attention_qkvpacked` for the packed form).
-- `flash_attn_varlen_func`: packed sequences with ``cu_seqlens``, through `flashlab.varlen_attention`.
+- `flash_attn_func`, `flash_attn_qkvpacked_func`, `flash_attn_kvpacked_func`: ``(batch, seqlen, nheads,
+  headdim)`` tensors, through `flashlab.attention` (`flashlab.attention_qkvpacked` for the packed form).
+- `flash_attn_varlen_func` (and its ``qkvpacked``/``kvpacked`` forms): packed sequences with
+  ``cu_seqlens``, through `flashlab.varlen_attention`.
 - `flash_attn_with_kvcache`: decoding against a KV cache (contiguous or paged), appending the new
   ``k``/``v`` into the cache first, through `flashlab.decode_attention`.
 
@@ -116,6 +117,15 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                        return_attn_probs, dropout_p)
 
 
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FlashAttention's ``flash_attn_kvpacked_func``: kv ``(batch, seqlen_k, 2, nheads_k, headdim)``, k and v
+    stacked; otherwise `flash_attn_func` (on the two views of kv)."""
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -142,6 +152,27 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return torch.cat(rows, dim=-1) if rows else q.new_empty(q.shape[1], 0, dtype=torch.float32)
 
     return _with_probs(out, lse, return_attn_probs, dropout_p)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """FlashAttention's ``flash_attn_varlen_qkvpacked_func``: qkv ``(total, 3, nheads, headdim)``; otherwise
+    `flash_attn_varlen_func` (on the three views of qkv)."""
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """FlashAttention's ``flash_attn_varlen_kvpacked_func``: kv ``(total_k, 2, nheads_k, headdim)``; otherwise
+    `flash_attn_varlen_func` (on the two views of kv)."""
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,

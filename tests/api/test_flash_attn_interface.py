@@ -11,8 +11,11 @@ from flashlab import assert_close
 from flashlab.api.varlen import cu_seqlens_from_lengths, reference_varlen_attention
 from flashlab.flash_attn_interface import (
     flash_attn_func,
+    flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
 
@@ -96,6 +99,22 @@ def test_qkvpacked_positional_and_with_a_window():
                  _reference(*qkv.unbind(2), causal=True, window_size=(3, 0)))
     # window (-1, 0) without causal is the same band as causal, and must not take the packed op's is_causal=False
     assert_close(flash_attn_qkvpacked_func(qkv, window_size=(-1, 0)), want)
+
+
+def test_the_packed_forms():
+    """kvpacked (batch, N, 2, H_k, D) and the varlen qkvpacked (total, 3, H, D) / kvpacked (total, 2, H_k, D)
+    forms, positional as FlashAttention's callers write them."""
+    q, kv = _randn(2, 5, 4, 16), _randn(2, 9, 2, 2, 16)
+    assert_close(flash_attn_kvpacked_func(q, kv, 0.0, None, True), _reference(q, *kv.unbind(2), causal=True))
+    lengths = [6, 1, 9]
+    cu = cu_seqlens_from_lengths(lengths, DEVICE)
+    qkv = _randn(16, 3, 4, 16)
+    assert_close(flash_attn_varlen_qkvpacked_func(qkv, cu, 9, 0.0, None, True),
+                 reference_varlen_attention(*qkv.unbind(1), cu, cu, is_causal=True))
+    q, kv = _randn(16, 4, 16), _randn(20, 2, 2, 16)
+    cu_k = cu_seqlens_from_lengths([8, 3, 9], DEVICE)
+    assert_close(flash_attn_varlen_kvpacked_func(q, kv, cu, cu_k, 9, 9, causal=True, window_size=(2, 0)),
+                 reference_varlen_attention(q, *kv.unbind(1), cu, cu_k, is_causal=True, window=(2, 0)))
 
 
 def _packed(lengths_q, lengths_k, heads=4, heads_k=2, d=16):
