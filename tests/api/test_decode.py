@@ -376,6 +376,10 @@ def test_torch_compile_fullgraph_with_new_lengths_and_no_backward():
     out = compiled(q.clone().requires_grad_(), k_cache, v_cache, lengths)
     with pytest.raises(RuntimeError, match="decode_attention has no backward"):
         out.sum().backward()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="check_contents: a traced call"):     # it cannot read the values there
+        torch.compile(lambda q: decode_attention(q, k_cache, v_cache, lengths, check_contents=True),
+                      backend="eager", fullgraph=True)(q)
 
 
 @pytest.mark.parametrize("paged", [False, True])
