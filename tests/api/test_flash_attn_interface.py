@@ -212,11 +212,13 @@ def test_kvcache_appends_new_tokens_in_place_then_attends_causally():
     # cache_batch_idx: sequence b lives in row idx[b] of a larger cache
     idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEVICE)
     big_k, big_v = _randn(5, 24, 2, 16), _randn(5, 24, 2, 16)
-    big_k[idx.long()], big_v[idx.long()] = k_cache, v_cache      # k_cache now holds the appended tokens
-    out = flash_attn_with_kvcache(q, big_k, big_v, cache_seqlens=torch.tensor(grown, dtype=torch.int32,
-                                                                                device=DEVICE),
-                                  cache_batch_idx=idx, causal=True)
+    big_k[idx.long()], big_v[idx.long()] = k_want, v_want
+    others = big_k[[1, 3]].clone()
+    big_k[idx.long()[:, None], torch.tensor(lengths)[:, None] + torch.arange(3)] = 0.0   # the new rows: not yet
+    out = flash_attn_with_kvcache(q, big_k, big_v, k_new, v_new, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                  causal=True)
     assert_close(out, want)
+    assert torch.equal(big_k[idx.long()], k_want) and torch.equal(big_k[[1, 3]], others)   # written in its rows only
 
 
 @pytest.mark.parametrize("call, name", [
