@@ -154,7 +154,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec: AttentionSpec):
     if num_m * batch:
         launch(varlen_forward_kernel, (num_m * batch * heads,),
                q, k, v, cu_q, cu_k, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0),
-               heads, heads // k.shape[1], head_dim, num_m, *scalars,
+               heads, heads // k.shape[1], head_dim, num_m, q.shape[0], k.shape[0], *scalars,
                BLOCK_D=head_dim_args(head_dim)["BLOCK_D"], **flags, **blocks)
     return out, lse
 
@@ -182,13 +182,15 @@ def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, spec:
     if num_n * batch:
         launch(varlen_backward_dkdv_kernel, (num_n * batch * heads_k,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dk, dv, *strides, *dk.stride(), *dv.stride(),
-               heads_k, heads // heads_k, head_dim, num_n, qk_scale, spec.scale, softcap, left, right,
+               heads_k, heads // heads_k, head_dim, num_n, total_q, k.shape[0], qk_scale, spec.scale, softcap, left,
+               right,
                BLOCK_D=block_d, **flags, **blocks["dkdv"])
     num_m = cdiv(max_q, blocks["dq"]["BLOCK_M"])
     if num_m * batch:
         launch(varlen_backward_dq_kernel, (num_m * batch * heads,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dq, *strides, *dq.stride(),
-               heads, heads // heads_k, head_dim, num_m, qk_scale, spec.scale, softcap, left, right,
+               heads, heads // heads_k, head_dim, num_m, total_q, k.shape[0], qk_scale, spec.scale, softcap, left,
+               right,
                BLOCK_D=block_d, **flags, **blocks["dq"])
     return dq, dk, dv
 

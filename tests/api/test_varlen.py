@@ -376,3 +376,21 @@ def test_the_pytorch_paths_written_out_backward_with_a_soft_cap(monkeypatch):
     assert_close(out, ref)
     for ours, want in zip(got, torch.autograd.grad(ref, (q64, k64, v64), grad.double())):
         assert_close(ours, want)
+
+
+def test_out_of_range_cu_seqlens_read_nothing_outside_the_tensors():
+    """A traced call does not check cu_seqlens' values (the graph cannot read them), so the kernels clamp
+    each sequence's rows into the packed tensors: bounds past the end, negative or falling give a
+    shorter (or empty) sequence, never a read or write outside q, k, v, O. Called through the op, as a
+    compiled graph calls it; forward and backward."""
+    (q, k, v), cu, _, _, _ = _packed([5, 9], 2, 2, grad=False)
+    options = (True, 0.25, -1, -1, 0.0, "ieee")
+    for bad, good in (([0, 5, 10 ** 6], [0, 5, 14]), ([-7, 5, 3], [0, 5, 5]), ([0, 2 ** 31 - 1, 14], [0, 14, 14])):
+        bad, good = (torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (bad, good))
+        out, lse = torch.ops.flashlab.varlen_forward(q, k, v, bad, bad, 16, 16, *options)
+        want = reference_varlen_attention(q, k, v, good, good, is_causal=True, scale=0.25)
+        rows = int(good[-1])                              # rows past the clamped sequences are not written
+        assert_close(out[:rows], want[:rows])
+        grads = torch.ops.flashlab.varlen_backward(torch.ones_like(out), q, k, v, out, lse, bad, bad, 16, 16,
+                                                   *options)
+        assert all(torch.isfinite(g[:rows]).all() for g in grads)
