@@ -234,3 +234,25 @@ def test_what_flashlab_lacks_raises_naming_the_argument(call, name):
     q, k, v = _randn(2, 5, 4, 16), _randn(2, 5, 2, 16), _randn(2, 5, 2, 16)
     with pytest.raises(NotImplementedError, match=f"^{name}="):
         call(q, k, v)
+
+
+def test_ported_calls_compile_with_fullgraph():
+    """The interface is flashlab's custom ops underneath: a function of FlashAttention calls compiles with
+    fullgraph=True, forward and backward, and gives the eager results."""
+    q, k, v = _randn(2, 5, 4, 16, requires_grad=True), _randn(2, 9, 2, 16), _randn(2, 9, 2, 16)
+    lengths = [3, 6]
+    cu = cu_seqlens_from_lengths(lengths, DEVICE)
+    x = _randn(9, 4, 16)
+
+    def step(q, k, v, x):
+        dense = flash_attn_func(q, k, v, causal=True, window_size=(4, 0), softcap=3.0)
+        packed = flash_attn_varlen_func(x, x, x, cu, cu, 6, 6, causal=True)
+        return dense.square().sum() + packed.sum()
+
+    want = step(q, k, v, x)
+    want_grad, = torch.autograd.grad(want, q)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, x)
+    got_grad, = torch.autograd.grad(got, q)
+    assert_close(got, want, tol=1e-6)
+    assert_close(got_grad, want_grad, tol=1e-6)
