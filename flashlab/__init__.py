@@ -20,6 +20,8 @@ The package the FlashLab course builds. Public API so far:
 - `decode_attention`: new query tokens against a KV cache, contiguous or paged, split over the keys
   (flash-decoding); `varlen_attention`: packed sequences of different lengths (`cu_seqlens`), forward
   and backward, with sliding windows (notebook 10).
+- `flashlab.flash_attn_interface`: FlashAttention 2's functions (``flash_attn_func``, ``…_varlen_func``,
+  ``…_with_kvcache``…) with its names, defaults and layouts, on these kernels: porting is changing the import.
 """
 
 # Nothing here imports Triton or sets anything process-wide: kernels are compiled or

@@ -7,6 +7,7 @@
 - `ops`: the kernels as ``torch.library`` custom ops, so ``torch.compile`` and ``torch.export``
   see one node.
 - `varlen`, `decode`: packed variable-length batches; decoding against a KV cache.
+- `flash_attn_interface`: FlashAttention 2's function signatures over `attention`, `varlen`, `decode`.
 - `pretune`: tuning ahead of training.
 
 May import the reference code, the kernels and their launchers.

@@ -14,14 +14,17 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
 from flashlab.kernels.constants import LOG2E
 from flashlab.kernels.decode import decode_merge_kernel, decode_split_kernel
 from flashlab.launch.dense import KERNEL_DTYPES, MAX_HEAD_DIM, cdiv, head_dim_args
 from flashlab.launch.runtime import kernel_for
 from flashlab.launch.spec import AttentionSpec
-from flashlab.reference.checks import check_softcap, default_scale, finite_number, without_neg_views
+from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import without_backward
+
+from .attention import _autocast_inputs, _autocasting
 
 MAX_SPLITS = 128          # beyond this the merge's reads stop being small next to the cache's
 MIN_TILES_PER_SPLIT = 2   # a split must stream a few key tiles to pay for its Q load and merge term
@@ -31,6 +34,20 @@ def launch(kernel, grid, *args, **meta):
     """Every Triton launch of flashlab's decode and varlen kernels goes through here, so how
     kernels run (compiled, or interpreted on CPU) can be decided in one place."""
     kernel_for(kernel, args[0].device)[grid](*args, **meta)
+
+
+def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
+    """(left, right) as the varlen and decode kernels use it: query i sees key j iff
+    −left ≤ j − (i + Lk − Lq) ≤ right (FlashAttention's alignment, to the end of the keys). An
+    unbounded side (window entry −1, or no window) becomes a number no sequence reaches; causal caps
+    right at 0."""
+    unbounded = max_seqlen_q + max_seqlen_k + 1
+    left, right = (-1, -1) if window is None else window
+    left = unbounded if left < 0 else left
+    right = unbounded if right < 0 else right
+    if is_causal:
+        right = min(right, 0)
+    return left, right
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
@@ -189,21 +206,19 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _fail("scale", f"expected a finite number or None, got {scale!r}", "Leave it None for 1/sqrt(D).")
 
 
-# Not a custom op: its cache lengths are data (cache_seqlens) that decide grids and splits, which
-# torch.compile cannot trace. Disabled for the compiler, a call is a graph break in a compiled function (the
-# rest compiles; fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
-@torch.compiler.disable(reason="flashlab.decode_attention is not a custom op (its cache lengths decide "
-                                "grids and splits); "
-                                "compile around it, or without fullgraph=True for a graph break here")
-def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_splits=None, scale=None, *,
-                     causal=False, softcap=None, return_lse=False, check_contents=None, launch_options=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, num_splits=None, scale=None,
+                     causal=False, window=None, softcap=None, return_lse=False, check_contents=None,
+                     launch_options=None):
     """Attention of new query tokens against a KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
-    The tensors' layouts and the meanings of cache_seqlens, block_table, causal, num_splits and the
-    returned log-sum-exp are FlashAttention's. What differs: the order of the positional arguments
-    (FlashAttention's fourth is the new ``k``: pass the others by keyword when porting), ``scale``
-    for ``softmax_scale``, cache_seqlens a tensor (not an int), and no appending of new k/v to the
-    cache, no window_size, rotary embedding, ALiBi, cache_batch_idx or cache_leftpad.
+    The tensors' layouts and the meanings of cache_seqlens, block_table, causal, the window,
+    num_splits and the returned log-sum-exp are FlashAttention's. What differs: every option after
+    cache_seqlens is keyword-only (FlashAttention's fourth positional argument is the new ``k``: a
+    ported positional call raises TypeError instead of taking a tensor for another option), ``scale``
+    for ``softmax_scale``, ``window`` for ``window_size``, cache_seqlens a tensor (not an int), and no
+    appending of new k/v to the cache.
+    `flashlab.flash_attn_interface.flash_attn_with_kvcache` has FlashAttention's own signature
+    (appending included) on this function.
 
     Args:
         q: ``(batch, seqlen_q, heads, D)``, float16 / bfloat16 / float32.
@@ -224,15 +239,20 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             it (aligned to the end of the cache, as FlashAttention); no effect when seqlen_q = 1.
             Default False, as FlashAttention's: pass causal=True for several new tokens of one
             sequence.
+        window: ``(left, right)``, FlashAttention's sliding window: query i (at position
+            cache_seqlens − seqlen_q + i) sees the keys from its position − left to its position + right,
+            −1 unbounded on that side; with causal, right is 0. Key tiles outside it are skipped.
         softcap: the logits soft-capped, cap·tanh(x/cap), before the causal mask (Gemma 2's);
             None for none.
         return_lse: also return the natural-log log-sum-exp ``(batch, heads, seqlen_q)`` float32
             (−inf for rows with no key), as ``flash_attn_with_kvcache(return_softmax_lse=True)``.
-        check_contents: check that every length fits the cache and every block index exists.
-            Default: on CPU yes; on a GPU no, because reading the values back stops the host until
-            the GPU catches up on every decoding step (and cannot happen inside a CUDA-graph
-            capture), as in FlashAttention. Out-of-range values then read the wrong memory: pass
-            ``check_contents=True`` while developing.
+        check_contents: check that every length fits the cache and every block index exists, and
+            raise if not. Default: for eager CPU calls yes; on a GPU (and in traced calls) no, because
+            reading the values back stops the host until the GPU catches up on every decoding step
+            (and cannot happen inside a CUDA-graph capture), as in FlashAttention. Unchecked, nothing
+            outside the cache is read whatever the values: the kernels clamp each length into
+            0..capacity and take a block index outside 0..num_blocks − 1 as a missing page whose keys
+            take no part. Pass ``check_contents=True`` while developing to hear of such values.
         launch_options: override the kernel's tile size and launch options (BLOCK_N, num_warps,
             num_stages), for tuning experiments; default `decode_block_sizes`.
 
@@ -243,40 +263,66 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
 
     On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
     limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `decode_by_sequence`
-    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
+    (PyTorch, fp32, one sequence at a time). The kernels are the custom op ``flashlab::decode_forward``:
+    ``torch.compile(fullgraph=True)`` and ``torch.export`` capture a call as one node, with no host
+    synchronisation (a compiled step replays in a CUDA graph with new cache_seqlens). Under
+    ``torch.autocast`` q and the cache are cast to autocast's dtype, as SDPA's inputs are (keep the
+    cache in that dtype: a cast copies it). Inside ``torch.func`` transforms (vmap…) it raises:
+    the batch dimension is already there.
     """
+    compiling = torch.compiler.is_compiling()
+    if not compiling and (torch._C._are_functorch_transforms_active() or torch._C._is_tracing()):
+        raise RuntimeError("decode_attention: torch.func transforms (vmap, grad) and torch.jit.trace are not "
+                           "supported; pass the batch as q's first dimension (batch, seqlen_q, heads, D) instead.")
+    eager = type(q) is torch.Tensor and not compiling
     if check_contents is None:
-        check_contents = q.device.type == "cpu"
+        check_contents = eager and q.device.type == "cpu"
+    elif check_contents and not eager:
+        raise ValueError("check_contents: a traced call (torch.compile, torch.export) cannot read cache_seqlens "
+                         "and block_table. Check them eagerly while developing; traced calls read inside bounds.")
+    if launch_options and not eager:
+        raise ValueError("launch_options: for eager tuning experiments only; leave it None under torch.compile "
+                         "and torch.export.")
     if num_splits == 0:
         num_splits = None                               # FlashAttention's 0 = "choose for me"
-    if torch.compiler.is_exporting():
-        # torch.export traces through (compiler.disable does not apply there) and fails on the first
-        # look at cache_seqlens' values, in many lines of Dynamo's; say it in one
-        raise RuntimeError("decode_attention: torch.export cannot trace it (cache_seqlens are data that decide "
-                           "grids and splits); export the model around it, or use flashlab.attention.")
+    if isinstance(q, torch.Tensor) and _autocasting(q):    # as flashlab.attention and SDPA under autocast
+        q, k_cache, v_cache, _ = _autocast_inputs(q, k_cache, v_cache, None)
     _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, check_contents)
-    softcap = check_softcap(softcap)
+    check_window(window)
+    args = (q, k_cache, v_cache, cache_seqlens, block_table, num_splits or 0, default_scale(q.shape[-1], scale),
+            causal, *(window or (-1, -1)), check_softcap(softcap))
+    if not eager:                                       # traced: the custom op
+        out, lse = torch.ops.flashlab.decode_forward(*args)
+        return (out, lse) if return_lse else out
     q, k_cache, v_cache = without_neg_views(q, k_cache, v_cache)     # the kernels read storage
+    results = _decode(q, k_cache, v_cache, *args[3:], want_lse=return_lse, launch_options=launch_options)
+    # the kernels have no backward: a backward through their output raises instead of stopping there
+    results = without_backward(results if return_lse else results[:1], (q, k_cache, v_cache), NO_BACKWARD)
+    return results if return_lse else results[0]
+
+
+def _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits: int, scale: float, causal: bool,
+            window_left: int, window_right: int, softcap: float, want_lse: bool = True, launch_options=None):
+    """The op's body: (O laid out as q, in q's dtype; the natural-log log-sum-exp (batch, heads, seqlen_q)
+    fp32, −inf for a row with no key; None instead when not ``want_lse``, an eager call that did not ask).
+    Nothing here reads cache_seqlens or block_table on the host (but the CPU's PyTorch path)."""
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong, ~1e9):
         # computed in fp32 and cast back, as flashlab.attention and varlen_attention do on the CPU
-        result = decode_attention(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table,
-                                  num_splits, scale, causal=causal, softcap=softcap, return_lse=return_lse,
-                                  check_contents=False, launch_options=launch_options)
-        return (result[0].to(q.dtype), result[1]) if return_lse else result.to(q.dtype)
+        out, lse = _decode(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, block_table, num_splits,
+                           scale, causal, window_left, window_right, softcap, want_lse, launch_options)
+        return _laid_out_as(out, q), lse
     if q.device.type == "cpu" and not _interpreted_kernels_take(q, k_cache, block_table):
         # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
         # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
-        with torch.no_grad():
-            out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal,
-                                          torch.float32, softcap)
-        results = without_backward((out, lse), (q, k_cache, v_cache), NO_BACKWARD)    # q is fp32 here (above)
-        return results if return_lse else results[0]
+        out, lse = decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float32,
+                                      softcap, (window_left, window_right))
+        return _laid_out_as(out, q), lse
     batch, seqlen_q, heads, head_dim = q.shape
     heads_k = k_cache.shape[2]
     group = heads // heads_k
     # fp32: exact products (decoding is memory-bound); 16-bit inputs ignore the flag
-    spec = AttentionSpec(default_scale(head_dim, scale), causal, softcap=softcap, precision="ieee")
+    spec = AttentionSpec(scale, causal, softcap=softcap, precision="ieee")
     gpu = _on_gpu(q)
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
@@ -289,7 +335,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     # the heuristic sizes splits by the cache's capacity, not max(cache_seqlens): the lengths live on
     # the GPU, and reading them would stop the host every step (FlashAttention does the same)
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    if num_splits is None:
+    if not num_splits:
         num_splits = choose_num_splits(batch * heads_k * row_blocks, capacity, meta["BLOCK_N"], sm_count(q.device))
     else:              # a caller's number too (num_splits=10**6 asked for 256 MB of partial rows)
         num_splits = splits_with_tiles(cdiv(max(1, capacity), meta["BLOCK_N"]), num_splits)
@@ -300,6 +346,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
     lse = torch.empty(batch, seqlen_q, heads, dtype=torch.float32, device=q.device)
     block_d = head_dim_args(head_dim)["BLOCK_D"]
     (qk_scale, softcap_base2, _, _), flags = spec.kernel_args(seqlen_q, capacity)
+    left, right = band(causal, (window_left, window_right), seqlen_q, capacity)
+    has_band = causal or (window_left, window_right) != (-1, -1)
     if num_splits > 1:
         o_part = torch.empty(batch * seqlen_q * heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse_part = torch.empty(batch * seqlen_q * heads, num_splits, dtype=torch.float32, device=q.device)
@@ -309,8 +357,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
         launch(decode_split_kernel, (num_splits * row_blocks * batch * heads_k,),
                q, k_cache, v_cache, seqlens, table, out, lse, o_part, lse_part,
                *q.stride(), *k_cache.stride(), *v_cache.stride(), *table_strides, *out.stride(),
-               heads_k, seqlen_q, head_dim, group, num_splits, page_size, qk_scale, softcap_base2,
-               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, IS_CAUSAL=spec.is_causal,
+               heads_k, seqlen_q, head_dim, group, num_splits, page_size, capacity, k_cache.shape[0],
+               qk_scale, softcap_base2, left, right,
+               PAGED=paged, PAGE_ALIGNED=paged and page_size % meta["BLOCK_N"] == 0, HAS_BAND=has_band,
                SOFTCAP=flags["SOFTCAP"], WRITE_FINAL=num_splits == 1,
                BLOCK_M=block_m, BLOCK_D=block_d, INPUT_PRECISION=spec.precision, **meta)
         if num_splits > 1:
@@ -319,10 +368,62 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, num_s
             launch(decode_merge_kernel, (cdiv(n_rows, block_r),),
                    o_part, lse_part, out, lse, *out.stride(), n_rows, seqlen_q, heads, head_dim, num_splits,
                    BLOCK_R=block_r, BLOCK_D=block_d)
-    results = (out, (lse / LOG2E).permute(0, 2, 1)) if return_lse else (out,)   # log2 → ln: ln x = log2 x / log2 e
-    # the kernels have no backward: a backward through their output raises instead of stopping there
-    results = without_backward(results, (q, k_cache, v_cache), NO_BACKWARD)
-    return results if return_lse else results[0]
+    if not want_lse:
+        return out, None
+    # log2 → ln (ln x = log2 x / log2 e), (batch, seqlen_q, heads) → contiguous (batch, heads, seqlen_q): one kernel
+    return out, torch.mul(lse.permute(0, 2, 1), 1 / LOG2E,
+                          out=torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device))
+
+
+def _laid_out_as(result, like):
+    """``result`` in ``torch.empty_like(like)``'s layout and dtype, the one the op's fake promises."""
+    if result.dtype == like.dtype and result.stride() == like.stride():
+        return result
+    return torch.empty_like(like).copy_(result)
+
+
+def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
+               num_splits: int, scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float) -> tuple[Tensor, Tensor]:
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, window_left,
+                   window_right, softcap)
+
+
+# flashlab::decode_forward(q, k_cache, v_cache, cache_seqlens, block_table?, num_splits, scale, causal, window_left,
+#                          window_right, softcap) -> (out, lse): what torch.compile and torch.export see of a
+#     call (num_splits 0: chosen; window −1, −1: none; softcap 0: none)
+decode_forward = torch.library.custom_op("flashlab::decode_forward", mutates_args=())(_decode_op)
+
+
+@decode_forward.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, scale, causal, window_left, window_right, softcap):
+    batch, seqlen_q, heads, _ = q.shape
+    return torch.empty_like(q), q.new_empty(batch, heads, seqlen_q, dtype=torch.float32)
+
+
+def _raise_no_backward(grad_out: Tensor, like: Tensor) -> Tensor:
+    raise RuntimeError(NO_BACKWARD)
+
+
+# the backward is this op, which raises when it runs: raising while the backward is traced would make
+# torch.compile refuse a decoding step whose q merely requires grad, though nothing differentiates it
+decode_no_backward = torch.library.custom_op("flashlab::decode_no_backward", mutates_args=())(_raise_no_backward)
+decode_no_backward.register_fake(lambda grad_out, like: torch.empty_like(like))
+
+
+def _no_backward(ctx, grad_out, grad_lse):
+    """A gradient for q, k_cache and v_cache that raises when computed (never a silent None)."""
+    inputs = ctx.saved_tensors
+    return *(torch.ops.flashlab.decode_no_backward(grad_out, t) if ctx.needs_input_grad[i] else None
+             for i, t in enumerate(inputs)), *(None,) * 8
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*inputs[:3])
+
+
+decode_forward.register_autograd(_no_backward, setup_context=_save_inputs)
 
 
 NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference): compute attention that "
@@ -330,12 +431,13 @@ NO_BACKWARD = ("decode_attention has no backward (its kernels are for inference)
 
 
 def reference_decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, scale=None, causal=False,
-                               softcap=None):
+                               softcap=None, window=None):
     """The ground truth in float64, one sequence at a time: gathers sequence b's cache rows
     (through its pages if paged), repeats kv heads for GQA, masks keys after each query's
-    position (aligned to the end of the cache), softmax, weighted sum. Rows with no key: 0."""
+    position (aligned to the end of the cache) and outside the window, softmax, weighted sum.
+    Rows with no key: 0."""
     return decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, torch.float64,
-                              check_softcap(softcap))[0]
+                              check_softcap(softcap), window)[0]
 
 
 def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
@@ -353,7 +455,8 @@ def _interpreted_kernels_take(q, k_cache, block_table) -> bool:
     return interpreted_tiles_allowed(tiles)
 
 
-def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype, softcap=0.0):
+def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, causal, dtype, softcap=0.0,
+                       window=None):
     """Decoding one sequence at a time in plain PyTorch, computed in ``dtype``: (out in ``dtype``, the
     natural-log log-sum-exp (batch, heads, seqlen_q) float32, −inf where a row has no key). The
     float64 reference, and (fp32) `decode_attention`'s PyTorch path on a CPU."""
@@ -361,12 +464,21 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
     scale = default_scale(head_dim, scale)
     out = torch.zeros(q.shape, dtype=dtype, device=q.device)
     lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=q.device)
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     for b in range(batch):
-        n = int(cache_seqlens[b])
+        # as the kernels: a length outside 0..capacity is clamped into it, and a block-table entry outside
+        # 0..num_blocks − 1 names no page (its keys take no part): nothing outside the cache is read
+        n = min(max(int(cache_seqlens[b]), 0), capacity)
+        present = torch.ones(n, dtype=torch.bool, device=q.device)
         if block_table is None:
             k, v = k_cache[b, :n], v_cache[b, :n]
         else:
             pages = block_table[b, :cdiv(n, k_cache.shape[1])].long()
+            exists = (pages >= 0) & (pages < k_cache.shape[0])
+            present = exists.repeat_interleave(k_cache.shape[1])[:n]
+            pages = pages.where(exists, 0)
+            if k_cache.shape[0] == 0:                          # no block at all: no key either
+                n, present, pages = 0, present[:0], pages[:0]
             k, v = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
         group = heads // k.shape[1]
         k = k.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)       # (heads, n, D)
@@ -376,8 +488,9 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
-        keep = torch.arange(n, device=q.device)[None, :] <= position[:, None] if causal else \
-            torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
+        left, right = band(causal, window, seqlen_q, capacity)
+        rel = torch.arange(n, device=q.device)[None, :] - position[:, None]          # key − query position
+        keep = (rel >= -left) & (rel <= right) & present[None, :]
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # empty rows: 0, not NaN
         out[b] = (weights @ v).transpose(0, 1)

@@ -11,7 +11,9 @@ The kernels are in `flashlab.kernels.varlen`.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
+from flashlab.kernels.constants import LOG2E  # the kernels' lse is base 2
 from flashlab.kernels.dense import flash_backward_preprocess_kernel
 from flashlab.kernels.varlen import varlen_backward_dkdv_kernel, varlen_backward_dq_kernel, varlen_forward_kernel
 from flashlab.launch import autotune
@@ -21,7 +23,8 @@ from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import first_order_only
 
-from .decode import launch
+from .attention import _autocast_inputs, _autocasting
+from .decode import band, launch
 
 
 def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
@@ -34,19 +37,6 @@ def varlen_block_sizes(device_is_gpu: bool, head_dim: int) -> dict[str, dict]:
         return {"forward": tiles, "dkdv": tiles, "dq": tiles}
     capability = torch.cuda.get_device_capability()
     return {kernel: autotune.candidates(kernel, head_dim, capability)[0].kwargs() for kernel in autotune.KERNELS}
-
-
-def band(is_causal: bool, window, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, int]:
-    """(left, right) as the kernels use it: query i sees key j iff −left ≤ j − (i + Lk − Lq) ≤ right.
-    An unbounded side (window entry −1, or no window) becomes a number no sequence reaches;
-    causal caps right at 0."""
-    unbounded = max_seqlen_q + max_seqlen_k + 1
-    left, right = (-1, -1) if window is None else window
-    left = unbounded if left < 0 else left
-    right = unbounded if right < 0 else right
-    if is_causal:
-        right = min(right, 0)
-    return left, right
 
 
 def key_tile_range(first_query: int, last_query: int, q_len: int, k_len: int, left: int, right: int,
@@ -79,7 +69,10 @@ def _fail(argument: str, problem: str, fix: str) -> None:
     raise ValueError(f"{argument}: {problem}. {fix}")
 
 
-def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window):
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
+                         contents=True):
+    """Shapes, dtypes, devices and options always; the values of cu_seqlens only with ``contents``
+    (an eager call: a traced one cannot read them, and its graph would hold them as constants)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             _fail(name, f"expected a 3-D tensor (total_tokens, heads, D), got "
@@ -113,6 +106,12 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                   "Build it with flashlab.api.varlen.cu_seqlens_from_lengths(lengths).")
         if cu.device != q.device:
             _fail(name, f"is on {cu.device} but q is on {q.device}", f"Move it with {name}.to(q.device).")
+        name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+        if isinstance(max_len, bool) or not isinstance(max_len, (int, torch.SymInt)):
+            _fail(name_max, f"expected a Python int, got {type(max_len).__name__} {max_len!r}",
+                  f"Pass int({name_max}), the length of the longest sequence.")
+        if not contents:
+            continue
         values = cu.tolist()
         lengths = [b - a for a, b in zip(values[:-1], values[1:])]
         if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths):
@@ -122,10 +121,6 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                    else f"ends at {values[-1]}")
             _fail(name, f"must rise from 0 to the {total} packed tokens, but it {got}",
                   "cu_seqlens[b] is where sequence b starts; cu_seqlens[-1] the total number of tokens.")
-        name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
-        if isinstance(max_len, bool) or not isinstance(max_len, int):
-            _fail(name_max, f"expected a Python int, got {type(max_len).__name__} {max_len!r}",
-                  f"Pass int({name_max}), the length of the longest sequence.")
         if max_len < max(lengths, default=0):
             _fail(name_max, f"{max_len!r} is smaller than the longest sequence, {max(lengths, default=0)}",
                   "Pass the length of the longest sequence (the grid is sized by it).")
@@ -159,7 +154,7 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec: AttentionSpec):
     if num_m * batch:
         launch(varlen_forward_kernel, (num_m * batch * heads,),
                q, k, v, cu_q, cu_k, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), lse.stride(0),
-               heads, heads // k.shape[1], head_dim, num_m, *scalars,
+               heads, heads // k.shape[1], head_dim, num_m, q.shape[0], k.shape[0], *scalars,
                BLOCK_D=head_dim_args(head_dim)["BLOCK_D"], **flags, **blocks)
     return out, lse
 
@@ -187,44 +182,185 @@ def varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, max_q, max_k, spec:
     if num_n * batch:
         launch(varlen_backward_dkdv_kernel, (num_n * batch * heads_k,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dk, dv, *strides, *dk.stride(), *dv.stride(),
-               heads_k, heads // heads_k, head_dim, num_n, qk_scale, spec.scale, softcap, left, right,
+               heads_k, heads // heads_k, head_dim, num_n, total_q, k.shape[0], qk_scale, spec.scale, softcap, left,
+               right,
                BLOCK_D=block_d, **flags, **blocks["dkdv"])
     num_m = cdiv(max_q, blocks["dq"]["BLOCK_M"])
     if num_m * batch:
         launch(varlen_backward_dq_kernel, (num_m * batch * heads,),
                q, k, v, grad_out, lse, delta, cu_q, cu_k, dq, *strides, *dq.stride(),
-               heads, heads // heads_k, head_dim, num_m, qk_scale, spec.scale, softcap, left, right,
+               heads, heads // heads_k, head_dim, num_m, total_q, k.shape[0], qk_scale, spec.scale, softcap, left,
+               right,
                BLOCK_D=block_d, **flags, **blocks["dq"])
     return dq, dk, dv
 
 
-class VarlenAttentionFunction(torch.autograd.Function):
-    """Saves q, k, v, O and the log-sum-exp; the backward recomputes P tile by tile."""
+# -- the custom ops ------------------------------------------------------------------------------
+# torch.compile and torch.export see a call as one node of each (cu_seqlens' values are read only inside,
+# where the tensors are real); eager calls skip the dispatcher through `EagerVarlenAttention`:
+#
+#     flashlab::varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right,
+#                              softcap, input_precision) -> (out, lse)
+#     flashlab::varlen_backward(grad_out, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, <the same options>)
+#                              -> (dq, dk, dv)
+#
+# The options are an `AttentionSpec`'s fields as plain numbers (window −1, −1: none; softcap 0: none);
+# lse is base 2, (heads, total_q) fp32. CPU tensors: the interpreted kernels (fp16/bf16 computed in fp32),
+# or `varlen_by_sequence` beyond the interpreter's tile limit (the backward then differentiates it again).
+
+
+def _spec(is_causal, scale, window_left, window_right, softcap, precision) -> AttentionSpec:
+    return AttentionSpec.from_op(0.0, is_causal, scale, precision, window_left, window_right, softcap)
+
+
+def _fp32_on_cpu(q, *tensors):
+    """The interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong): half-precision CPU
+    tensors are computed in fp32, as flashlab.attention does on the CPU (flashlab.api.ops)."""
+    if not q.is_cpu or q.dtype == torch.float32:
+        return tensors
+    return tuple(t.float() for t in tensors)
+
+
+def _same_layout(result, like):
+    """``result`` in ``torch.empty_like(like)``'s layout and dtype, the one the fake impls promise."""
+    if result.dtype == like.dtype and result.stride() == like.stride():
+        return result
+    return torch.empty_like(like).copy_(result)
+
+
+def varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
+                        is_causal: bool, scale: float, window_left: int, window_right: int, softcap: float,
+                        input_precision: str) -> tuple[Tensor, Tensor]:
+    """The forward op's body: (O (total_q, heads, D) contiguous in q's dtype, L (heads, total_q) base 2)."""
+    spec = _spec(is_causal, scale, window_left, window_right, softcap, input_precision)
+    # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
+    # lies in memory gave other sequences' bounds, and reads past its end
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    qc, kc, vc = _fp32_on_cpu(q, q, k, v)
+    if q.is_cpu and not _interpreted_kernels_take(q, k, cu_q, cu_k):
+        # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large
+        # for the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
+        out, lse = varlen_by_sequence(qc, kc, vc, cu_q, cu_k, is_causal, scale, spec.window, torch.float32, softcap,
+                                      with_lse=True)
+        lse = lse * LOG2E
+    else:
+        out, lse = varlen_forward(qc, kc, vc, cu_q, cu_k, max_q, max_k, spec)
+    return out.to(q.dtype).contiguous(), lse
+
+
+def varlen_backward_impl(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_q: Tensor,
+                         cu_k: Tensor, max_q: int, max_k: int, is_causal: bool, scale: float, window_left: int,
+                         window_right: int, softcap: float, input_precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward op's body: (dq, dk, dv) laid out as q, k, v."""
+    spec = _spec(is_causal, scale, window_left, window_right, softcap, input_precision)
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    qc, kc, vc, oc, gc = _fp32_on_cpu(q, q, k, v, out, grad_out)
+    if q.is_cpu and not _interpreted_kernels_take(q, k, cu_q, cu_k):
+        grads = _backward_by_sequence(qc, kc, vc, gc, cu_q, cu_k, spec)
+    else:
+        grads = varlen_backward(qc, kc, vc, oc, lse, gc, cu_q, cu_k, max_q, max_k, spec)
+    return tuple(_same_layout(g, t) for g, t in zip(grads, (q, k, v)))
+
+
+def _backward_by_sequence(q, k, v, grad_out, cu_q, cu_k, spec: AttentionSpec):
+    """The PyTorch path's gradients in fp32, one sequence at a time, written out (an op's body runs below
+    autograd, so `varlen_by_sequence` cannot be differentiated there), notebook 04's backward:
+        P = softmax(S),  dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − rowsum(dP ∘ P)),
+        dS ∘= 1 − tanh²(x/cap) under a soft cap,  dQ = dS K·scale,  dK = dSᵀ Q·scale
+    with each kv head's gradient summed over its group of q heads."""
+    heads, heads_k = q.shape[1], k.shape[1]
+    group = heads // heads_k
+    left, right = band(spec.is_causal, spec.window, q.shape[0], k.shape[0])
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        qb = q[rows].float().transpose(0, 1)                                      # (heads, Lq, D)
+        kb = k[keys].float().repeat_interleave(group, 1).transpose(0, 1)
+        vb = v[keys].float().repeat_interleave(group, 1).transpose(0, 1)
+        gb = grad_out[rows].float().transpose(0, 1)
+        n_q, n_k = qb.shape[1], kb.shape[1]
+        rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
+        keep = (rel >= -left) & (rel <= right)
+        raw = qb @ kb.transpose(-1, -2) * spec.scale
+        scores = spec.softcap * torch.tanh(raw / spec.softcap) if spec.softcap else raw
+        p = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)   # empty rows: 0
+        dp = gb @ vb.transpose(-1, -2)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        if spec.softcap:
+            ds = ds * (1 - torch.tanh(raw / spec.softcap) ** 2)
+        dq[rows] = (ds @ kb * spec.scale).transpose(0, 1)
+        dk[keys] = (ds.transpose(-1, -2) @ qb * spec.scale).unflatten(0, (heads_k, group)).sum(1).transpose(0, 1)
+        dv[keys] = (p.transpose(-1, -2) @ gb).unflatten(0, (heads_k, group)).sum(1).transpose(0, 1)
+    return dq, dk, dv
+
+
+varlen_forward_op = torch.library.custom_op("flashlab::varlen_forward", mutates_args=())(varlen_forward_impl)
+varlen_backward_op = torch.library.custom_op("flashlab::varlen_backward", mutates_args=())(varlen_backward_impl)
+
+
+@varlen_forward_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right, softcap, input_precision):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device), q.new_empty(q.shape[1], q.shape[0],
+                                                                               dtype=torch.float32)
+
+
+@varlen_backward_op.register_fake
+def _(grad_out, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, is_causal, scale, window_left, window_right, softcap,
+      input_precision):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+class VarlenAttentionFunction:
+    """The forward op's autograd formula (``register_autograd``): saves q, k, v, O, the log-sum-exp and
+    cu_seqlens; the backward recomputes P tile by tile (the backward op, or its body when eager)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, spec):
-        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, spec)
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, *options = inputs
+        out, lse = output
+        ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, spec)
-        return out
+        ctx.options = options
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_lse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = varlen_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.args)
-        # a second derivative raises, never drops (flashlab/reference/first_order.py)
-        return *first_order_only((dq, dk, dv), (q, k, v)), None, None, None, None, None
+        args = (grad_out, q, k, v, out, lse, cu_q, cu_k, *ctx.options)
+        if type(grad_out) is torch.Tensor and type(q) is torch.Tensor:          # eager: the body, no dispatcher
+            # a second derivative raises, never drops (flashlab/reference/first_order.py)
+            grads = first_order_only(varlen_backward_impl(*args), (q, k, v))
+        else:                                                                 # traced: the op
+            grads = torch.ops.flashlab.varlen_backward(*args)
+        return *grads, *(None,) * (len(ctx.needs_input_grad) - 3)
 
 
-# Not a custom op: cu_seqlens are data that decide each program's sequence, which torch.compile cannot
-# trace. Disabled for the compiler, a call is a graph break in a compiled function (the rest compiles;
-# fullgraph=True says the function is skipped) instead of a failure deep inside Dynamo.
-@torch.compiler.disable(reason="flashlab.varlen_attention is not a custom op (cu_seqlens decide each "
-                                "program's sequence); "
-                                "compile around it, or without fullgraph=True for a graph break here")
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
-                     window=None, *, softcap=None, exact_fp32=False):
+class EagerVarlenAttention(torch.autograd.Function):
+    """The op's forward and backward for eager calls on real tensors (no dispatcher), as
+    `flashlab.api.ops.EagerFlashAttention` is `flashlab.attention`'s."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = varlen_forward_impl(*inputs)
+        ctx.set_materialize_grads(False)
+        VarlenAttentionFunction.setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    backward = staticmethod(VarlenAttentionFunction.backward)
+
+
+varlen_forward_op.register_autograd(VarlenAttentionFunction.backward,
+                                    setup_context=VarlenAttentionFunction.setup_context)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, is_causal=False, scale=None,
+                     window=None, softcap=None, exact_fp32=False):
     """Attention within each sequence of a packed batch (FlashAttention's ``flash_attn_varlen_func``).
+
+    Every option after the sizes is keyword-only: FlashAttention's eighth positional argument is
+    ``dropout_p``, and ``varlen_attention(q, k, v, cu, cu, L, L, 0.1)`` raises TypeError instead of
+    running with some other option set to 0.1. `flashlab.flash_attn_interface.flash_attn_varlen_func`
+    takes FlashAttention's own signature.
 
     Args:
         q: ``(total_q, heads, D)``; k, v: ``(total_k, heads_k, D)`` with heads_k dividing heads (GQA:
@@ -247,36 +383,35 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
     On a CPU the kernels run in Triton's interpreter, as `flashlab.attention`'s do, up to its tile
     limit; larger calls, and every call with ``FLASHLAB_CPU_KERNELS=0``, take `varlen_by_sequence`
-    (PyTorch, fp32, one sequence at a time). Under ``torch.compile`` a call is a graph break.
+    (PyTorch, fp32, one sequence at a time). The kernels are the custom ops ``flashlab::varlen_forward``
+    and ``flashlab::varlen_backward``: ``torch.compile(fullgraph=True)`` and ``torch.export`` capture a
+    call as one node (cu_seqlens' values are then not checked: the graph cannot read them). Under
+    ``torch.autocast`` q, k, v are cast to autocast's dtype, as SDPA's are. Inside ``torch.func``
+    transforms (vmap, grad) and ``torch.jit.trace`` the call runs `varlen_by_sequence` in q's dtype.
     """
-    if torch.compiler.is_exporting():
-        # torch.export traces through (compiler.disable does not apply there) and fails on the first
-        # look at cu_seqlens' values, in many lines of Dynamo's; say it in one
-        raise RuntimeError("varlen_attention: torch.export cannot trace it (cu_seqlens are data that decide the "
-                           "grid); export the model around it, or use flashlab.attention with a mask.")
-    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window)
+    compiling = torch.compiler.is_compiling()
+    transformed = not compiling and (torch._C._are_functorch_transforms_active() or torch._C._is_tracing())
+    eager = type(q) is torch.Tensor and not compiling and not transformed
+    if isinstance(q, torch.Tensor) and _autocasting(q):          # as flashlab.attention and SDPA under autocast
+        q, k, v, _ = _autocast_inputs(q, k, v, None)
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, window,
+                         contents=not compiling)
     softcap = check_softcap(softcap)
-    q, k, v = without_neg_views(q, k, v)                # the kernels read storage
-    # the kernels read cu_seqlens[b] with no stride: a strided view (cu[::2], pairs[:, 0]) read as it
-    # lies in memory gave other sequences' bounds, and reads past its end
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    if q.device.type == "cpu" and q.dtype != torch.float32:
-        # the interpreter's fp16/bf16 arithmetic is not the GPU's (bf16 sums come out wrong):
-        # computed in fp32 and cast back, as flashlab.attention does on the CPU (flashlab.api.ops)
-        return varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, is_causal, scale, window, softcap=softcap,
-                                exact_fp32=exact_fp32).to(q.dtype)
-    if q.device.type == "cpu" and not _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k):
-        # as flashlab.attention on a CPU: the PyTorch path (fp32, one sequence at a time) for calls too large for
-        # the interpreter, or for every call with FLASHLAB_CPU_KERNELS=0
-        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, torch.float32,
-                                  softcap)
-    spec = AttentionSpec(default_scale(q.shape[-1], scale), is_causal, _window_or_none(window), softcap,
+    window = _window_or_none(window)
+    if transformed:
+        # inside torch.func (vmap, grad…) or torch.jit.trace: plain PyTorch operations, which those understand
+        return varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, q.dtype, softcap)
+    spec = AttentionSpec(default_scale(q.shape[-1], scale), is_causal, window, softcap,
                          precision=input_precision(q.dtype, q.device, exact_fp32))
-    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, spec)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, spec.scale,
+            *spec.window_args, spec.softcap, spec.precision)
+    if not eager:                                               # traced (compile, export): the custom op
+        return torch.ops.flashlab.varlen_forward(*args)[0]
+    q, k, v = without_neg_views(q, k, v)                # the kernels read storage
+    args = (q, k, v, *args[3:])
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return VarlenAttentionFunction.apply(q, k, v, *args)
-    return varlen_forward(q, k, v, *args)[0]
+        return EagerVarlenAttention.apply(*args)[0]
+    return varlen_forward_impl(*args)[0]
 
 
 def _interpreted_kernels_take(q, k, cu_seqlens_q, cu_seqlens_k) -> bool:
@@ -305,15 +440,16 @@ def reference_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=Fa
 
 
 def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, window, dtype,
-                       softcap=0.0) -> torch.Tensor:
+                       softcap=0.0, with_lse=False):
     """Attention one sequence at a time in plain PyTorch, computed in ``dtype`` and returned in it: the
     float64 reference, and (fp32) `varlen_attention`'s PyTorch path on a CPU. Differentiable; an
-    Lq × Lk score matrix per head of each sequence at a time."""
+    Lq × Lk score matrix per head of each sequence at a time. ``with_lse``: also the natural-log
+    log-sum-exp (heads, total_q) fp32, −inf for a row with no key."""
     scale = default_scale(q.shape[-1], scale)
     group = q.shape[1] // k.shape[1]
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     left, right = band(is_causal, window, q.shape[0], k.shape[0])
-    outs = []
+    outs, lses = [], []
     for b in range(len(cq) - 1):
         qb = q[cq[b]:cq[b + 1]].to(dtype).transpose(0, 1)                         # (heads, Lq, D)
         kb = k[ck[b]:ck[b + 1]].to(dtype).repeat_interleave(group, 1).transpose(0, 1)
@@ -327,4 +463,9 @@ def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, wi
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, -1).masked_fill(~keep, 0.0)                # empty rows: 0, not NaN
         outs.append((weights @ vb).transpose(0, 1))
-    return torch.cat(outs) if outs else q.to(dtype) * 0
+        if with_lse:
+            lses.append(torch.logsumexp(scores, -1).float())
+    out = torch.cat(outs) if outs else q.to(dtype) * 0
+    if not with_lse:
+        return out
+    return out, (torch.cat(lses, -1) if lses else q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32))

@@ -1,8 +1,15 @@
 """flashlab attention in Hugging Face transformers models.
 
-    from flashlab.integrations.transformers import register
+    from flashlab.integrations.transformers import attach, register
     model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=register())
-    # or, for a model already built: model.set_attn_implementation(register())
+    # or, for a model already built (checked first, see below): attach(model)
+
+Only models whose attention layers call transformers' ``AttentionInterface`` can use a registered
+function; transformers marks them ``_supports_attention_backend``. Others take the name without
+using it: BERT on transformers 4.56 fails deep inside with a bare ``KeyError: 'lab_attention'``,
+DeBERTa on 5.x silently keeps its own attention. flashlab cannot see which model a name will be
+given to in ``from_pretrained``, so `attach` (a built model) and ``register(model=...)`` (a model
+or its class) check first and refuse such a model in one line; `supports` answers the question.
 
 `register` adds two entries under one name (``"lab_attention"``): the attention function to
 transformers' ``AttentionInterface`` and its mask function to ``AttentionMaskInterface``.
@@ -60,10 +67,37 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.transpose(1, 2).contiguous(), None
 
 
-def register(name: str = NAME) -> str:
+def supports(model) -> bool:
+    """Whether a transformers model (or model class) computes attention through ``AttentionInterface``,
+    so that a registered implementation is used: transformers' ``_supports_attention_backend``."""
+    cls = model if isinstance(model, type) else type(model)
+    return bool(getattr(cls, "_supports_attention_backend", False))
+
+
+def check_model(model) -> None:
+    """Raises ValueError, naming the model class and transformers' version, unless `supports`."""
+    if not supports(model):
+        import transformers
+        cls = model if isinstance(model, type) else type(model)
+        raise ValueError(f"model: {cls.__name__} on transformers {transformers.__version__} computes attention in its "
+                         f"own layers, not through AttentionInterface, so a registered implementation would not be "
+                         f"used (a KeyError, or its own attention silently). Use attn_implementation='sdpa' for it, "
+                         f"or a transformers version where {cls.__name__} supports attention backends.")
+
+
+def attach(model, name: str = NAME):
+    """Registers flashlab's attention (`register`), checks that ``model`` will use it (`check_model`),
+    and sets it as the model's attention implementation. Returns the model."""
+    register(name, model=model)
+    model.set_attn_implementation(name)
+    return model
+
+
+def register(name: str = NAME, model=None) -> str:
     """Registers flashlab's attention and its mask function with transformers under ``name``
     and returns the name, for ``attn_implementation=``. Names with "flash" in them and
-    transformers' own implementations' names ("sdpa", "eager", …) are refused."""
+    transformers' own implementations' names ("sdpa", "eager", …) are refused. With ``model`` (a
+    model or its class), a model that would not use the registered function is refused (`check_model`)."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"name: {name!r} is not a name; pass a string such as {NAME!r}, or nothing")
     if "flash" in name.lower():
@@ -81,6 +115,8 @@ def register(name: str = NAME) -> str:
     if name in builtin and AttentionInterface._global_mapping.get(name) is not attention_forward:
         raise ValueError(f"name: {name!r} is transformers' own attention implementation; registering flashlab "
                          f"under it would replace it for every model in the process. Use another name, e.g. {NAME!r}")
+    if model is not None:
+        check_model(model)
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)       # boolean masks, None where is_causal suffices
     return name

@@ -20,8 +20,9 @@ With one split the split kernel writes the final output itself and no merge runs
 
 Causal alignment is to the END of the cache (FlashAttention's convention): query i of
 seqlen_q is the token at position seqlen − seqlen_q + i and sees keys j ≤ seqlen − seqlen_q + i,
-a band of `flashlab.kernels.tile.visible`. Scores, soft-capping and the softmax update are the
-tile rules every kernel shares.
+a band of `flashlab.kernels.tile.visible`; a sliding window (left, right) is the band
+seqlen − seqlen_q + i − left ≤ j ≤ seqlen − seqlen_q + i + right, and key tiles outside it are
+skipped. Scores, soft-capping and the softmax update are the tile rules every kernel shares.
 """
 
 from __future__ import annotations
@@ -34,24 +35,61 @@ from .tile import finish_rows, masked_scores, merge_step, online_softmax_step
 
 @triton.jit
 def _cache_rows(CACHE, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, sb, sn, sh, sd, sbtz, sbtp, page_size,
-                PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr):
-    """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D).
+                num_blocks, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IN_BOUNDS: tl.constexpr):
+    """Pointers to the cache rows ``cols`` of sequence z, head kv_h: (BLOCK_N, BLOCK_D), and which of
+    the rows exist: (BLOCK_N,) booleans.
 
     Contiguous cache (batch, seqlen_cache, heads_k, D): row j of sequence z is at z·sb + j·sn.
     Paged cache (num_blocks, page_size, heads_k, D): row j lives in page j // page_size of the
     sequence, whose physical block is block_table[z, j // page_size], at offset j % page_size.
     When pages are a whole number of key tiles (PAGE_ALIGNED), the tile lies in one page: one
     block-table entry per tile instead of one per row, and the rows are consecutive as in a
-    contiguous cache."""
+    contiguous cache. A block-table entry outside 0..num_blocks − 1 names no page of this cache: its
+    rows do not exist (masked, never read), so no table can make the kernel read outside the cache."""
     if PAGE_ALIGNED:
-        block = tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
+        # one entry for the tile, broadcast over its rows (a scalar's bounds test anded with the rows' mask
+        # gives a mask of the wrong type in Triton's interpreter)
+        block = tl.zeros_like(cols) + tl.load(BLOCK_TABLE + z * sbtz + (start_n // page_size) * sbtp)
+        ok = col_ok
+        if IN_BOUNDS:
+            ok = ok & (block >= 0) & (block < num_blocks)
+            block = tl.where(ok, block, 0)
         row = block.to(tl.int64) * sb + (start_n % page_size + (cols - start_n)) * sn
     elif PAGED:
         block = tl.load(BLOCK_TABLE + z * sbtz + (cols // page_size) * sbtp, mask=col_ok, other=0)
+        ok = col_ok
+        if IN_BOUNDS:
+            ok = ok & (block >= 0) & (block < num_blocks)
+            block = tl.where(ok, block, 0)
         row = block.to(tl.int64) * sb + (cols % page_size) * sn
     else:
+        ok = col_ok
         row = z.to(tl.int64) * sb + cols * sn
-    return CACHE + row[:, None] + kv_h * sh + offs_d[None, :] * sd
+    return CACHE + row[:, None] + kv_h * sh + offs_d[None, :] * sd, ok
+
+
+@triton.jit
+def _split_keys(SEQLENS, z, capacity, split, num_splits, row_block, n_q, GROUP, left, right,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BAND: tl.constexpr, IN_BOUNDS: tl.constexpr):
+    """(seqlen, lo, hi): sequence z's cache length and the key range [lo, hi) this split's program reads.
+
+    A length outside 0..capacity (the keys the cache or its block table can hold) is clamped into it
+    (IN_BOUNDS: always, but in the decode-table suite's measurement of its cost, on valid inputs): no
+    cache_seqlens can make the kernel read past the cache. The keys are dealt out in whole BLOCK_N
+    tiles, ceil(tiles / splits) to a split; with causality or a window, the tiles outside the band
+    of the row block's queries (positions seqlen − Sq + i) are skipped."""
+    seqlen = tl.load(SEQLENS + z)
+    if IN_BOUNDS:
+        seqlen = tl.minimum(tl.maximum(seqlen, 0), capacity)
+    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
+    if HAS_BAND:
+        first_q = (row_block * BLOCK_M) // GROUP
+        last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
+        lo = tl.maximum(lo, tl.maximum(seqlen - n_q + first_q - left, 0) // BLOCK_N * BLOCK_N)
+        hi = tl.minimum(hi, seqlen - n_q + last_q + right + 1)
+    return seqlen, lo, hi
 
 
 @triton.jit
@@ -59,12 +97,14 @@ def decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, O, LSE, O_PART, LSE_PART,
     sqz, sqm, sqh, sqd, skb, skn, skh, skd, svb, svn, svh, svd, sbtz, sbtp,
     soz, som, soh, sod,
-    H_KV, n_q, head_dim, GROUP, num_splits, page_size,
-    qk_scale, softcap,
-    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, IS_CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr,
+    H_KV, n_q, head_dim, GROUP, num_splits, page_size, capacity, num_blocks,
+    qk_scale, softcap, left, right,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, HAS_BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    IN_BOUNDS: tl.constexpr = True,
 ):
+    # IN_BOUNDS: lengths clamped and block indexes masked to the cache (`_split_keys`, `_cache_rows`)
     # 1-D grid: splits fastest, then row blocks, then batch·kv head
     rows_total = n_q * GROUP
     num_row_blocks = tl.cdiv(rows_total, BLOCK_M)
@@ -86,30 +126,30 @@ def decode_split_kernel(
     q = tl.load(Q + z.to(tl.int64) * sqz + qi[:, None] * sqm + h[:, None] * sqh + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    seqlen = tl.load(SEQLENS + z)
-    # this split's key range: whole BLOCK_N tiles, shared out evenly over the splits
-    tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), num_splits)
-    lo = split * tiles_per_split * BLOCK_N
-    hi = tl.minimum(seqlen, lo + tiles_per_split * BLOCK_N)
-    if IS_CAUSAL:                                     # tiles past the block's last query's keys: skipped
-        last_q = tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, n_q - 1)
-        hi = tl.minimum(hi, seqlen - n_q + last_q + 1)
-
+    seqlen, lo, hi = _split_keys(SEQLENS, z, capacity, split, num_splits, row_block, n_q, GROUP, left, right,
+                                 BLOCK_M, BLOCK_N, HAS_BAND, IN_BOUNDS)
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < hi
-        kv_ok = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(_cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
-                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        v = tl.load(_cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
-                                sbtz, sbtp, page_size, PAGED, PAGE_ALIGNED), mask=kv_ok, other=0.0)
-        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys and (causal) past the query's position:
-        # the band key − query ≤ seqlen − Sq, queries being the rows' positions qi
-        s, _ = masked_scores(q, k, q, qi, cols, n_q, hi, qk_scale, softcap, -n_q, seqlen - n_q,
-                             False, IS_CAUSAL, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
+        k_ptrs, key_ok = _cache_rows(K, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, skb, skn, skh, skd,
+                                     sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED, IN_BOUNDS)
+        v_ptrs, _ = _cache_rows(V, BLOCK_TABLE, z, kv_h, start_n, cols, col_ok, offs_d, svb, svn, svh, svd,
+                                sbtz, sbtp, page_size, num_blocks, PAGED, PAGE_ALIGNED, IN_BOUNDS)
+        kv_ok = key_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        key_cols = cols
+        if IN_BOUNDS and PAGED:
+            key_cols = tl.where(key_ok, cols, hi)         # rows of missing pages: moved past hi, so hidden
+        # S = Q Kᵀ·scale·log2 e, −inf past this split's keys (and missing pages), and outside the band
+        # seqlen − Sq − left ≤ key − query ≤ seqlen − Sq + right (causal: right = 0), queries being the
+        # rows' positions qi
+        s, _ = masked_scores(q, k, q, qi, key_cols, n_q, hi, qk_scale, softcap,
+                             seqlen - n_q - left, seqlen - n_q + right,
+                             False, HAS_BAND, False, False, SOFTCAP, INPUT_PRECISION)      # (q: no mask tensor)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, s, qk_scale, False, False, True, INPUT_PRECISION)
 
     # a row with no key: O = 0, L = −inf (no weight in the merge)

@@ -73,10 +73,20 @@ def _forward_tiles(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, d_ok, lo, h
 
 
 @triton.jit
+def _sequence(CU, b, total):
+    """(start, length) of sequence b: rows cu[b] .. cu[b+1] − 1, clamped into the packed tensor's
+    0..total rows, so that no cu_seqlens (a traced call does not check them) makes a kernel read or
+    write outside the tensors it was given."""
+    start = tl.minimum(tl.maximum(tl.load(CU + b), 0), total)
+    end = tl.minimum(tl.maximum(tl.load(CU + b + 1), start), total)
+    return start.to(tl.int64), end - start
+
+
+@triton.jit
 def varlen_forward_kernel(
     Q, K, V, CU_Q, CU_K, O, L,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sot, soh, sod, slh,
-    H, GROUP, head_dim, num_m,
+    H, GROUP, head_dim, num_m, total_q, total_k,
     qk_scale, softcap, left, right,
     SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -85,10 +95,8 @@ def varlen_forward_kernel(
     bh = tl.program_id(0) // num_m
     b, h = bh // H, bh % H
     kv_h = h // GROUP
-    q_start = tl.load(CU_Q + b).to(tl.int64)
-    q_len = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b))
-    k_start = tl.load(CU_K + b).to(tl.int64)
-    k_len = (tl.load(CU_K + b + 1) - tl.load(CU_K + b))
+    q_start, q_len = _sequence(CU_Q, b, total_q)
+    k_start, k_len = _sequence(CU_K, b, total_k)
     if start_m * BLOCK_M >= q_len:              # past the end of this (shorter) sequence
         return
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -185,7 +193,7 @@ def varlen_backward_dkdv_kernel(
     Q, K, V, DO, L, DELTA, CU_Q, CU_K, DK, DV,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, slh,
     sdkt, sdkh, sdkd, sdvt, sdvh, sdvd,
-    H_KV, GROUP, head_dim, num_n,
+    H_KV, GROUP, head_dim, num_n, total_q, total_k,
     qk_scale, sm_scale, softcap, left, right,
     SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -193,10 +201,8 @@ def varlen_backward_dkdv_kernel(
     start_n = (tl.program_id(0) % num_n) * BLOCK_N    # 1-D grid: key blocks fastest
     bh = tl.program_id(0) // num_n
     b, kv_h = bh // H_KV, bh % H_KV
-    q_start = tl.load(CU_Q + b).to(tl.int64)
-    q_len = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b))
-    k_start = tl.load(CU_K + b).to(tl.int64)
-    k_len = (tl.load(CU_K + b + 1) - tl.load(CU_K + b))
+    q_start, q_len = _sequence(CU_Q, b, total_q)
+    k_start, k_len = _sequence(CU_K, b, total_k)
     if start_n >= k_len:
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -241,7 +247,7 @@ def varlen_backward_dkdv_kernel(
 def varlen_backward_dq_kernel(
     Q, K, V, DO, L, DELTA, CU_Q, CU_K, DQ,
     sqt, sqh, sqd, skt, skh, skd, svt, svh, svd, sdt, sdh, sdd, slh, sdqt, sdqh, sdqd,
-    H, GROUP, head_dim, num_m,
+    H, GROUP, head_dim, num_m, total_q, total_k,
     qk_scale, sm_scale, softcap, left, right,
     SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -250,10 +256,8 @@ def varlen_backward_dq_kernel(
     bh = tl.program_id(0) // num_m
     b, h = bh // H, bh % H
     kv_h = h // GROUP
-    q_start = tl.load(CU_Q + b).to(tl.int64)
-    q_len = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b))
-    k_start = tl.load(CU_K + b).to(tl.int64)
-    k_len = (tl.load(CU_K + b + 1) - tl.load(CU_K + b))
+    q_start, q_len = _sequence(CU_Q, b, total_q)
+    k_start, k_len = _sequence(CU_K, b, total_k)
     if start_m * BLOCK_M >= q_len:
         return
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)

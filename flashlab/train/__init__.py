@@ -6,6 +6,8 @@
 - `checkpoint`: atomic writes and ``weights_only`` loads.
 - `mixed_precision`: the precision modes.
 - `model`, `tasks`: the causal transformer and associative recall.
+- `generate`: greedy generation with the causal transformer against a paged KV cache, through
+  FlashAttention's ``flash_attn_with_kvcache`` (`flashlab.flash_attn_interface`).
 - `packing`, `documents`: packed variable-length documents.
 - `tsp`, `tsp_train`: the TSP Attention Model (Kool et al. 2019), its inference that spends
   compute for quality (multi-start, ×8 augmentation, sampling) and its REINFORCE training.

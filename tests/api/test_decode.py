@@ -354,9 +354,10 @@ def test_any_finite_scale_and_none_other():
             decode_attention(q, k, v, lengths, scale=bad)
 
 
-def test_torch_compile_breaks_the_graph_at_the_call():
-    """decode_attention is not a custom op: a compiled function around it runs, with a graph break
-    at the call (before: a crash inside Dynamo), and fullgraph=True names the function and what to do."""
+def test_torch_compile_fullgraph_with_new_lengths_and_no_backward():
+    """decode_attention is the custom op flashlab::decode_forward: a compiled step with fullgraph=True runs
+    (it was a graph break, and fullgraph=True failed), and the lengths are data: new cache_seqlens, the
+    same graph, the new answer. With q requiring grad it still compiles; a backward raises when run."""
     q = torch.randn(2, 1, 4, 16, device=DEVICE)
     k_cache, v_cache = _cache(2, 40, 2, 16)
     lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
@@ -365,26 +366,102 @@ def test_torch_compile_breaks_the_graph_at_the_call():
         return decode_attention(q, k_cache, v_cache, lengths) * 2
 
     want = step(q, k_cache, v_cache, lengths)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend=backend, fullgraph=True)
+        assert torch.equal(compiled(q, k_cache, v_cache, lengths), want)
+        shorter = _lengths([3, 9])
+        assert_close(compiled(q, k_cache, v_cache, shorter) / 2, reference_decode_attention(q, k_cache, v_cache,
+                                                                                              shorter))
+    out = compiled(q.clone().requires_grad_(), k_cache, v_cache, lengths)
+    with pytest.raises(RuntimeError, match="decode_attention has no backward"):
+        out.sum().backward()
     torch._dynamo.reset()
-    assert torch.equal(torch.compile(step, backend="eager")(q, k_cache, v_cache, lengths), want)
-    torch._dynamo.reset()                      # else the compiled frames above are reused
-    with pytest.raises(Exception, match="decode_attention is not a custom op.*compile around it"):
-        torch.compile(step, backend="eager", fullgraph=True)(q, k_cache, v_cache, lengths)
+    with pytest.raises(Exception, match="check_contents: a traced call"):     # it cannot read the values there
+        torch.compile(lambda q: decode_attention(q, k_cache, v_cache, lengths, check_contents=True),
+                      backend="eager", fullgraph=True)(q)
 
 
-def test_torch_export_is_refused_in_one_line():
-    """torch.export traces through compiler.disable and failed on the lengths' values with Dynamo's
-    many-line data-dependent-guard error; it is now one line that says what to do."""
-    q = torch.randn(2, 1, 4, 16, device=DEVICE)
-    k_cache, v_cache = _cache(2, 40, 2, 16)
-    lengths = torch.tensor([17, 40], dtype=torch.int32, device=DEVICE)
+@pytest.mark.parametrize("paged", [False, True])
+def test_torch_export_captures_one_node(paged):
+    lengths = [17, 40]
+    if paged:
+        k_cache, v_cache, table = _paged(lengths, 16, 2, 16)
+    else:
+        (k_cache, v_cache), table = _cache(2, 40, 2, 16), None
+    q = torch.randn(2, 2, 4, 16, device=DEVICE)
 
     class Step(torch.nn.Module):
-        def forward(self, q, k_cache, v_cache, lengths):
-            return decode_attention(q, k_cache, v_cache, lengths)
+        def forward(self, q, k_cache, v_cache, lengths, table):
+            return decode_attention(q, k_cache, v_cache, lengths, block_table=table, causal=True, return_lse=True)
 
-    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.export cannot trace it \(cache_seqlens"):
-        torch.export.export(Step(), (q, k_cache, v_cache, lengths))
+    exported = torch.export.export(Step(), (q, k_cache, v_cache, _lengths(lengths), table))
+    assert [str(n.target) for n in exported.graph.nodes if "flashlab" in str(n.target)] == \
+        ["flashlab.decode_forward.default"]
+    out, lse = exported.module()(q, k_cache, v_cache, _lengths([5, 33]), table)
+    assert_close(out, reference_decode_attention(q, k_cache, v_cache, _lengths([5, 33]), block_table=table,
+                                                 causal=True))
+    assert lse.shape == (2, 4, 2) and lse.is_contiguous()
+
+
+@pytest.mark.parametrize("case", ["contiguous", "paged fp16 softcap window", "FLASHLAB_CPU_KERNELS=0"])
+def test_the_custom_op_passes_opcheck(case, monkeypatch):
+    """Schema, fake tensor, autograd registration and AOT dispatch: contiguous and paged caches, fp16
+    (computed in fp32 on the CPU), and the CPU's PyTorch path."""
+    lengths = _lengths([0, 9, 31])
+    q = torch.randn(3, 2, 4, 16, device=DEVICE)
+    if case.startswith("paged"):
+        k_cache, v_cache, table = _paged([0, 9, 31], 8, 2, 16)
+        q, k_cache, v_cache = q.half(), k_cache.half(), v_cache.half()
+        softcap, window = 3.0, (5, 0)
+    else:
+        (k_cache, v_cache), table, softcap, window = _cache(3, 31, 2, 16), None, 0.0, (-1, -1)
+    if case == "FLASHLAB_CPU_KERNELS=0":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    result = torch.library.opcheck(torch.ops.flashlab.decode_forward.default,
+                                   (q, k_cache, v_cache, lengths, table, 2, 0.25, True, *window, softcap))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_vmap_raises_in_one_line_and_autocast_casts():
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 40, 2, 16)
+    lengths = _lengths([17, 40])
+    with pytest.raises(RuntimeError, match=r"^decode_attention: torch.func transforms \(vmap, grad\)"):
+        torch.func.vmap(lambda a: decode_attention(a, k_cache, v_cache, lengths))(q[None].expand(3, -1, -1, -1, -1))
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = decode_attention(q, k_cache, v_cache, lengths)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, reference_decode_attention(q, k_cache, v_cache, lengths), dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_a_compiled_step_with_appending_captures_in_a_cuda_graph():
+    """A decoding step through flash_attn_with_kvcache (append the new k/v at cache_seqlens, then attend),
+    compiled with fullgraph=True and captured in a CUDA graph on a fixed-capacity cache: replays with
+    advancing cache_seqlens give the eager answers."""
+    from flashlab.flash_attn_interface import flash_attn_with_kvcache
+    k_cache, v_cache = _cache(2, 256, 2, 64, dtype=torch.bfloat16)
+    lengths = _lengths([10, 100])
+    q, k_new, v_new = (torch.randn(2, 1, h, 64, device=DEVICE, dtype=torch.bfloat16) for h in (8, 2, 2))
+
+    def step(q, k_new, v_new, lengths):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True)
+    compiled(q, k_new, v_new, lengths)                                   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = compiled(q, k_new, v_new, lengths)
+    for _ in range(3):
+        lengths += 1
+        q.copy_(torch.randn_like(q))
+        k_new.copy_(torch.randn_like(k_new))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference_decode_attention(q, k_cache, v_cache, lengths + 1, causal=True), tol=2e-2)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
@@ -401,16 +478,92 @@ def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, p
         (k_cache, v_cache), table = _cache(4, 64, 2, 16), None
     q = torch.randn(4, 3, 4, 16)
     seqlens = torch.tensor(lengths, dtype=torch.int32)
-    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    want_out, want_lse = decode_attention(q, k_cache, v_cache, seqlens, block_table=table, causal=True, return_lse=True)
     if route == "FLASHLAB_CPU_KERNELS=0":
         monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
     else:
         monkeypatch.setattr(flashlab.api.attention, "INTERPRETER_MAX_TILES", 1)
     monkeypatch.setattr("flashlab.api.decode.launch", lambda *a, **k: pytest.fail("a decoding kernel was launched"))
-    out, lse = decode_attention(q, k_cache, v_cache, seqlens, table, causal=True, return_lse=True)
+    out, lse = decode_attention(q, k_cache, v_cache, seqlens, block_table=table, causal=True, return_lse=True)
     assert_close(out, want_out, tol=1e-5)
     assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
     assert_close(lse.nan_to_num(neginf=0.0), want_lse.nan_to_num(neginf=0.0), tol=1e-5)
-    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, table, causal=True)
+    half = decode_attention(q.half(), k_cache.half(), v_cache.half(), seqlens, block_table=table, causal=True)
     assert half.dtype == torch.float16
     assert_close(half, want_out.half(), tol=3e-3)
+
+
+def test_options_after_cache_seqlens_are_keyword_only():
+    """FlashAttention's fourth positional argument is the new k: a tensor passed there must not become
+    another option (block_table), so every option after cache_seqlens is keyword-only."""
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    k_cache, v_cache = _cache(2, 20, 2, 16)
+    with pytest.raises(TypeError, match="positional argument"):
+        decode_attention(q, k_cache, v_cache, _lengths([5, 20]), torch.zeros(2, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("route, page", [("kernels", 8), ("kernels", 32), ("FLASHLAB_CPU_KERNELS=0", 8)])
+def test_out_of_range_lengths_and_pages_read_nothing_outside_the_cache(route, page, monkeypatch):
+    """Memory-safe by construction, with the contents unchecked (the GPU's default): a length outside
+    0..capacity is clamped into it (past the end: the whole cache; negative: no key, zeros), and a
+    block-table entry outside 0..num_blocks − 1 names no page (its keys take no part). Before, such
+    inputs segfaulted or returned other memory's contents (absmax 1.6e38). Every output is then a
+    weighted mean of cache rows, so bounded by the cache's largest value. Pages of 32 keys are whole key
+    tiles in the interpreter (one table entry per tile), pages of 8 are gathered row by row."""
+    if route != "kernels":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    heads_k, d = 2, 16
+    k_pool, v_pool = torch.randn(6, page, heads_k, d, device=DEVICE), torch.randn(6, page, heads_k, d, device=DEVICE)
+    q = torch.randn(5, 1, 4, d, device=DEVICE)
+    big = 2**31 - 1
+    table = torch.tensor([[0, 1, 2], [3, -1, 4], [5, big, 0], [1, 2, 3], [4, 5, 0]], dtype=torch.int32,
+                         device=DEVICE)
+    lengths = _lengths([big, 3 * page, 2 * page + 4, -7, page + 1])
+    out = decode_attention(q, k_pool, v_pool, lengths, block_table=table, check_contents=False)
+    assert torch.isfinite(out).all() and out.abs().max() <= v_pool.abs().max()
+
+    def over(rows_k, rows_v, b):      # sequence b over the given cache rows, float64
+        return reference_decode_attention(q[b:b + 1], rows_k[None], rows_v[None], _lengths([rows_k.shape[0]]))[0]
+
+    rows = lambda pool, pages: pool[torch.tensor(pages, device=DEVICE)].flatten(0, 1)    # noqa: E731
+    assert_close(out[0], over(rows(k_pool, [0, 1, 2]), rows(v_pool, [0, 1, 2]), 0))      # length 2³¹−1: the capacity
+    assert_close(out[1], over(rows(k_pool, [3, 4]), rows(v_pool, [3, 4]), 1))            # page −1: its keys left out
+    keys_2 = torch.cat([torch.arange(page), 2 * page + torch.arange(4)])                 # page 2³¹−1 likewise
+    assert_close(out[2], over(rows(k_pool, [5, 0, 0])[keys_2], rows(v_pool, [5, 0, 0])[keys_2], 2))
+    assert torch.equal(out[3], torch.zeros_like(out[3]))                                 # negative length: no key
+    assert_close(out[4], over(rows(k_pool, [4, 5])[:page + 1], rows(v_pool, [4, 5])[:page + 1], 4))
+    # a contiguous cache: a length past the end reads its own row only, not the next sequence's
+    k_cache, v_cache = _cache(2, 12, heads_k, d)
+    out = decode_attention(q[:2], k_cache, v_cache, _lengths([40, -1]), check_contents=False)
+    assert_close(out[0], over(k_cache[0], v_cache[0], 0))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    # the full check stays available for debugging
+    with pytest.raises(ValueError, match="block_table"):
+        decode_attention(q, k_pool, v_pool, lengths, block_table=table, check_contents=True)
+
+
+@pytest.mark.parametrize("route", ["kernels", "FLASHLAB_CPU_KERNELS=0"])
+@pytest.mark.parametrize("causal, window", [(True, (40, 0)), (False, (7, 3)), (True, (0, 0))])
+def test_sliding_window_paged_split_and_grouped(route, causal, window, monkeypatch):
+    """A window over a paged cache, cut into splits, several new queries stacked with their group: against
+    the float64 reference and, independently, against varlen's float64 reference on the gathered rows.
+    Key tiles before the window are skipped (a split with no tile left gives no key, and merges away)."""
+    from flashlab.api.varlen import cu_seqlens_from_lengths, reference_varlen_attention
+    if route != "kernels":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    lengths = [0, 3, 90, 130]
+    k, v, table = _paged(lengths, 16, heads_k=2, head_dim=16)
+    q = torch.randn(4, 3, 4, 16, device=DEVICE)
+    out = decode_attention(q, k, v, _lengths(lengths), block_table=table, num_splits=4, causal=causal, window=window)
+    assert_close(out, reference_decode_attention(q, k, v, _lengths(lengths), block_table=table, causal=causal,
+                                                 window=window))
+    for b, n in enumerate(lengths[1:], start=1):
+        rows = torch.arange(n, device=DEVICE)
+        kb, vb = (t[table[b].long()[rows // 16], rows % 16] for t in (k, v))
+        want = reference_varlen_attention(q[b], kb, vb, cu_seqlens_from_lengths([3], DEVICE),
+                                          cu_seqlens_from_lengths([n], DEVICE), is_causal=causal, window=window)
+        assert_close(out[b], want)

@@ -192,3 +192,34 @@ def test_what_the_kernels_do_not_have_is_refused_not_dropped():
             attention_forward(module, q, k, v, None, **kwargs)
     out, weights = attention_forward(module, q, k, v, None, s_aux=None)
     assert out.shape == (1, 6, 4, 16) and weights is None
+
+
+def test_a_model_that_would_not_use_the_attention_is_refused_in_one_line(monkeypatch):
+    """BERT on transformers 4.56 computes attention in its own classes and failed with a bare
+    KeyError: 'lab_attention'; DeBERTa on 5.x keeps its own attention without a word. attach() and
+    register(model=...) check transformers' _supports_attention_backend and refuse such a model in one
+    line; a model that supports it (BERT on this transformers, if so) runs flashlab's attention, padded."""
+    from flashlab.integrations.transformers import attach, supports
+    deberta = transformers.DebertaModel(transformers.DebertaConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    assert not supports(deberta) and not supports(transformers.DebertaModel)
+    for call in (lambda: attach(deberta), lambda: register(model=transformers.DebertaModel)):
+        with pytest.raises(ValueError, match=r"^model: DebertaModel on transformers .* not through AttentionInterface"):
+            call()
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).eval()
+    if not supports(bert):                       # transformers 4.56: the clear error is the contract
+        with pytest.raises(ValueError, match="^model: BertModel"):
+            attach(bert)
+        return
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    import flashlab.integrations.transformers as integration
+    calls, original = [], integration.attention
+    monkeypatch.setattr(integration, "attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    with torch.no_grad():
+        want = bert(ids, attention_mask=mask).last_hidden_state
+        got = attach(bert)(ids, attention_mask=mask).last_hidden_state
+    assert bert.config._attn_implementation == NAME and len(calls) == 1      # one layer: flashlab's attention ran
+    assert _rel(got[0], want[0]) < TOL and _rel(got[1, :6], want[1, :6]) < TOL

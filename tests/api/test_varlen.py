@@ -255,9 +255,9 @@ def test_any_finite_scale_and_none_other():
             varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=bad)
 
 
-def test_torch_compile_breaks_the_graph_at_the_call():
-    """varlen_attention is not a custom op: a compiled function around it runs forward and backward,
-    with a graph break at the call (before: a crash inside Dynamo); fullgraph=True names it."""
+def test_torch_compile_fullgraph_forward_and_backward():
+    """varlen_attention is the custom ops flashlab::varlen_forward/backward: a compiled function with
+    fullgraph=True runs forward and backward (it was a graph break, and fullgraph=True failed)."""
     cu = cu_seqlens_from_lengths([5, 9], DEVICE)
     x = torch.randn(14, 2, 16, device=DEVICE, requires_grad=True)
 
@@ -266,27 +266,65 @@ def test_torch_compile_breaks_the_graph_at_the_call():
 
     want = loss(x)
     want_grad, = torch.autograd.grad(want, x)
-    torch._dynamo.reset()
-    got = torch.compile(loss, backend="eager")(x)
-    got_grad, = torch.autograd.grad(got, x)
-    assert torch.allclose(got, want) and torch.allclose(got_grad, want_grad)
-    torch._dynamo.reset()                      # else the compiled frames above are reused
-    with pytest.raises(Exception, match="varlen_attention is not a custom op.*compile around it"):
-        torch.compile(loss, backend="eager", fullgraph=True)(x)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        got = torch.compile(loss, backend=backend, fullgraph=True)(x)
+        got_grad, = torch.autograd.grad(got, x)
+        assert_close(got, want, tol=1e-6)
+        assert_close(got_grad, want_grad, tol=1e-6)
 
 
-def test_torch_export_is_refused_in_one_line():
-    """torch.export traces through compiler.disable and failed on cu_seqlens' values with Dynamo's
-    many-line data-dependent-guard error; it is now one line that says what to do."""
+def test_torch_export_captures_one_node():
     cu = cu_seqlens_from_lengths([5, 9], DEVICE)
     x = torch.randn(14, 2, 16, device=DEVICE)
 
     class Layer(torch.nn.Module):
         def forward(self, x, cu):
-            return _varlen_attention(x, x, x, cu, cu, 9, 9, is_causal=True)
+            return _varlen_attention(x, x, x, cu, cu, 9, 9, is_causal=True, window=(3, 0))
 
-    with pytest.raises(RuntimeError, match=r"^varlen_attention: torch.export cannot trace it \(cu_seqlens"):
-        torch.export.export(Layer(), (x, cu))
+    exported = torch.export.export(Layer(), (x, cu))
+    assert [str(n.target) for n in exported.graph.nodes if "flashlab" in str(n.target)] == \
+        ["flashlab.varlen_forward.default"]
+    other = cu_seqlens_from_lengths([9, 5], DEVICE)          # the lengths are data: another batch, same graph
+    assert_close(exported.module()(x, other), reference_varlen_attention(x, x, x, other, other, is_causal=True,
+                                                                         window=(3, 0)))
+
+
+@pytest.mark.parametrize("route", ["kernels", "FLASHLAB_CPU_KERNELS=0"])
+def test_the_custom_ops_pass_opcheck(route, monkeypatch):
+    """Schema, fake tensors, autograd registration and AOT dispatch of both ops, on the kernels and
+    (CPU) on the PyTorch path; GQA, a window and a soft cap, fp16 computed in fp32 on the CPU."""
+    if route != "kernels":
+        if DEVICE != "cpu":
+            pytest.skip("the CPU's routing")
+        monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([3, 0, 11], 4, 2, lengths_k=[6, 2, 11])
+    for dtype in (torch.float32, torch.float16):
+        q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        options = (True, 0.3, 4, 0, 2.0, "ieee")
+        result = torch.library.opcheck(torch.ops.flashlab.varlen_forward.default,
+                                       (q, k, v, cu_q, cu_k, max_q, max_k, *options))
+        assert set(result.values()) == {"SUCCESS"}, result
+        with torch.no_grad():
+            out, lse = torch.ops.flashlab.varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, *options)
+        result = torch.library.opcheck(torch.ops.flashlab.varlen_backward.default,
+                                       (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, cu_q,
+                                        cu_k, max_q, max_k, *options))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_vmap_and_autocast():
+    """Inside vmap the call runs the PyTorch version (plain operations vmap understands); under autocast
+    the inputs take autocast's dtype, as SDPA's do (the output was fp32 where attention gave bf16)."""
+    cu = cu_seqlens_from_lengths([5, 9], DEVICE)
+    x = torch.randn(3, 14, 2, 16, device=DEVICE)
+    batched = torch.func.vmap(lambda a: _varlen_attention(a, a, a, cu, cu, 9, 9, is_causal=True))(x)
+    for i in range(3):
+        assert_close(batched[i], reference_varlen_attention(x[i], x[i], x[i], cu, cu, is_causal=True))
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = _varlen_attention(x[0], x[0], x[0], cu, cu, 9, 9, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, reference_varlen_attention(x[0], x[0], x[0], cu, cu, is_causal=True), dtype=torch.bfloat16)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
@@ -313,3 +351,46 @@ def test_cpu_calls_the_interpreter_should_not_run_take_the_pytorch_path(route, m
     half = varlen_attention(q.half(), k.half(), v.half(), cu_q, cu_k, max_q, max_k, is_causal=True, window=window)
     assert half.dtype == torch.float16
     assert_close(half, want.half(), tol=3e-3)
+
+
+def test_options_after_the_sizes_are_keyword_only():
+    """FlashAttention's eighth positional argument is dropout_p: a ported call varlen_attention(q, k, v, cu,
+    cu, L, L, 0.1) once ran causal attention (is_causal=0.1) without a word. Now it raises TypeError."""
+    q, k, v = (torch.randn(7, 2, 16) for _ in range(3))
+    cu = cu_seqlens_from_lengths([3, 4])
+    with pytest.raises(TypeError, match="positional argument"):
+        _varlen_attention(q, k, v, cu, cu, 4, 4, 0.1)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's routing")
+def test_the_pytorch_paths_written_out_backward_with_a_soft_cap(monkeypatch):
+    """The op's body runs below autograd, so the PyTorch path's backward is written out: its
+    gradients against float64 autograd, with GQA, an empty sequence, a window and a soft cap."""
+    monkeypatch.setenv("FLASHLAB_CPU_KERNELS", "0")
+    (q, k, v), cu_q, cu_k, max_q, max_k = _packed([3, 0, 7], 4, 2, lengths_k=[5, 4, 7])
+    out = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True, window=(2, 1), softcap=1.5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference_varlen_attention(q64, k64, v64, cu_q, cu_k, is_causal=True, window=(2, 1), softcap=1.5)
+    assert_close(out, ref)
+    for ours, want in zip(got, torch.autograd.grad(ref, (q64, k64, v64), grad.double())):
+        assert_close(ours, want)
+
+
+def test_out_of_range_cu_seqlens_read_nothing_outside_the_tensors():
+    """A traced call does not check cu_seqlens' values (the graph cannot read them), so the kernels clamp
+    each sequence's rows into the packed tensors: bounds past the end, negative or falling give a
+    shorter (or empty) sequence, never a read or write outside q, k, v, O. Called through the op, as a
+    compiled graph calls it; forward and backward."""
+    (q, k, v), cu, _, _, _ = _packed([5, 9], 2, 2, grad=False)
+    options = (True, 0.25, -1, -1, 0.0, "ieee")
+    for bad, good in (([0, 5, 10 ** 6], [0, 5, 14]), ([-7, 5, 3], [0, 5, 5]), ([0, 2 ** 31 - 1, 14], [0, 14, 14])):
+        bad, good = (torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in (bad, good))
+        out, lse = torch.ops.flashlab.varlen_forward(q, k, v, bad, bad, 16, 16, *options)
+        want = reference_varlen_attention(q, k, v, good, good, is_causal=True, scale=0.25)
+        rows = int(good[-1])                              # rows past the clamped sequences are not written
+        assert_close(out[:rows], want[:rows])
+        grads = torch.ops.flashlab.varlen_backward(torch.ones_like(out), q, k, v, out, lse, bad, bad, 16, 16,
+                                                   *options)
+        assert all(torch.isfinite(g[:rows]).all() for g in grads)

@@ -95,6 +95,7 @@ ALLOWED = {
     "cli": {"reference", "kernels", "launch", "api", "lessons", "train", "bench"},
     "__init__": {"reference", "launch", "api", "lessons"},
     "__main__": {"cli"},
+    "flash_attn_interface": {"api"},      # FlashAttention's import path, re-exporting flashlab.api's
 }
 
 

@@ -10,6 +10,7 @@ from flashlab.bench.suite import Suite
 from flashlab.bench.suites import (
     attention,
     claims,
+    decode_table,
     decode_varlen,
     dropin,
     gpu_tests,
@@ -35,7 +36,8 @@ from flashlab.bench.suites import (
 _ALL: list[Suite] = [
     attention.SUITE, softmax.SUITE, roofline.SUITE, hopper_ladder.SUITE, claims.SUITE, small_table.SUITE,
     small_launches.SUITE, tsp_step.SUITE, host_time.SUITE, python_layers.SUITE, tsp_encoder.SUITE, rl4co_step.SUITE,
-    decode_varlen.SUITE, tsp_inference.SUITE, *train.SUITES, mixed_precision_memory.SUITE, mqar_training.SUITE,
+    decode_varlen.SUITE, decode_table.SUITE, tsp_inference.SUITE, *train.SUITES, mixed_precision_memory.SUITE,
+    mqar_training.SUITE,
     dropin.SUITE, kernel_resources.SUITE, kernel_resources_aot.SUITE, gpu_tests.SUITE,
     notebooks.SUITE,
 ]
