@@ -31,6 +31,7 @@ WHOLE_TABLE_COMMAND = "make progress"
 _outcome: dict[str, str] = {}          # test id -> passed / failed / not started / launcher written / skipped
 _collected: dict[str, list[str]] = defaultdict(list)          # exercise -> test ids this run selected
 _deselected: Counter = Counter()                              # exercise -> tests left out by -k / -m / --deselect
+_hints: Counter = Counter()           # "hint: …" line of failed exercise tests -> how many tests printed it
 _named_tests: set[str] = set()                                # exercises given as file::test on the command line
 
 
@@ -255,6 +256,8 @@ def pytest_runtest_logreport(report):
         _outcome[report.nodeid] = "launcher written" if LAUNCHER_WRITTEN in report.user_properties else "not started"
     elif report.outcome == "failed":
         _outcome[report.nodeid] = "failed"                    # setup, call or teardown
+        for hint in dict.fromkeys(re.findall(r"^(?:E\s+)?(hint: .*)$", report.longreprtext, re.M)):
+            _hints[hint] += 1
     elif report.when == "call":
         _outcome.setdefault(report.nodeid, report.outcome)    # not over "not started"
     elif report.outcome == "skipped":                         # skipped in setup (e.g. needs a GPU)
@@ -281,6 +284,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return                                  # a run without exercise tests prints no table
     tr = terminalreporter
     impl = selected_impl(config)
+    if _hints:              # a mistake that fails many tests prints its hint in each: here each hint once
+        tr.section("hints (each once)")
+        for hint, tests in _hints.most_common():
+            tr.write_line(f"  [{tests} failed test{'s' if tests > 1 else ''}] {hint}")
     tr.section(f"exercise progress ({impl}/)")
     # each exercise's state after its last whole run, kept in pytest's cache (.pytest_cache/), so that a
     # table of one exercise (make test-ex) still says where the others stood

@@ -19,10 +19,11 @@ def unfused_softmax(x: torch.Tensor) -> torch.Tensor:
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def benchmark_softmax(rows: int, col_list, dtype=torch.float16, device=None) -> list[dict]:
+def benchmark_softmax(rows: int, col_list, dtype=torch.float16, device=None, progress: bool = True) -> list[dict]:
     """Time fused Triton softmax, torch.softmax and the unfused ops on ``rows × cols``
     matrices; effective bandwidth = bytes of the fused traffic model (one read, one
-    write) / time, the same numerator for every implementation."""
+    write) / time, the same numerator for every implementation. ``progress``: a progress
+    bar over the row lengths (off in a notebook, whose saved output would keep it at 0%)."""
     from tqdm.auto import tqdm
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -32,7 +33,7 @@ def benchmark_softmax(rows: int, col_list, dtype=torch.float16, device=None) -> 
     # on a CPU (the notebook's tiny live shapes) one thread: with two on a busy machine, one op can wait a
     # whole scheduler slice and time milliseconds for microseconds of work
     with cpu_threads(1) if device == "cpu" else contextlib.nullcontext():
-        for cols in tqdm(list(col_list), desc="softmax benchmark"):
+        for cols in tqdm(list(col_list), desc="softmax benchmark", disable=not progress):
             x = torch.randn(rows, cols, device=device, dtype=dtype)
             moved = sum(s.total for s in softmax_traffic(rows, cols, dtype, fused=True))
             for name, fn in impls.items():

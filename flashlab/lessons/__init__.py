@@ -9,7 +9,7 @@ the models of memory, traffic and number formats.
 - `tiled_kernels`: `tiled_kernel_attention`, the tiled kernels of notebooks 05 and 06 called
   directly (forward and, for gradients, backward), for the notebooks' checks.
 - `memory`, `traffic`: the memory model of naive attention and the HBM traffic of each step
-  (notebooks 01-03, 10).
+  (notebooks 01-03, 10); `roofline`: those steps placed on a roofline (notebook 02).
 - `number_formats`: fp32, tf32, fp16 and bf16 rounding and range (notebook 08).
 - `instrument`, `widgets`: tile counters and the notebooks' interactive figures.
 - `kernel_source`: the lines a feature adds to a kernel, for the notebooks to print.

@@ -126,7 +126,7 @@ def block_size_report(onchip_kib: int, head_dim: int, seq_len: int, dtype=torch.
     lines.append(f"  on chip in all (fp32 O_i and S_ij included): {format_bytes(sum(on_chip.values()))}")
     traffic = f"HBM traffic of the forward, N = {seq_len:,}: tiled {format_bytes(tiled)}, naive {format_bytes(naive)}"
     if tiled <= naive:
-        lines.append(f"{traffic} ({naive / tiled:.1f}x more)")   # naive moves that many times more
+        lines.append(f"{traffic} (naive moves {naive / tiled:.1f}x more than tiled)")
     else:
         # Each query block re-reads all of K and V: ⌈N/B_r⌉·2·N·d elements against naive's ≈ 4·N²,
         # so tiling only saves bytes once B_r ≳ d/2, i.e. M ≳ 2·d²·(bytes per element).

@@ -56,3 +56,12 @@ def test_cpu_timing_runs_on_one_thread_and_gives_the_threads_back():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_softmax_benchmark_progress_bar_can_be_turned_off(capsys):
+    """Notebook 02's live run turns the progress bar off: its saved output would show it at 0%."""
+    from flashlab.bench.softmax import benchmark_softmax
+
+    rows = benchmark_softmax(2, [8], torch.float32, device="cpu", progress=False)
+    assert {r["impl"] for r in rows} == {"flashlab fused (Triton)", "torch.softmax", "unfused PyTorch ops"}
+    assert "softmax benchmark" not in capsys.readouterr().err

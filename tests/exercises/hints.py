@@ -54,9 +54,15 @@ BACKWARD_MISTAKES = {
     "dQ unscaled": "dQ = dS K · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dQ (and to dK)",
     "dK unscaled": "dK = dSᵀ Q · scale: S = Q Kᵀ · scale, so the chain rule brings the scale to dK (and to dQ)",
     "dV scaled": "dV = Pᵀ dO has no softmax scale (it is inside P already); only dQ and dK take it",
+    "dK scaled twice": "dK = dSᵀ Q · scale took the scale twice (scale², e.g. Q already scaled and then the product "
+                       "scaled again): S = Q Kᵀ · scale brings it to dK once",
+    "no key seen": "query 0's only key, its own (the diagonal), never reached P: P = 0, so dV = Pᵀ dO = 0 (with "
+                   "N = 1, dQ = dK = 0 is right whatever P is, so only dV shows it). Two mistakes give this and N = 1 "
+                   "cannot tell them apart: the causal mask also removing the diagonal (mask only kj > qi, not "
+                   "kj >= qi), or the tile holding the diagonal skipped (skip a tile only when its first key j "
+                   "comes after the query block's last row, j > i + rows − 1)",
     "diagonal masked": "the causal mask also removed the diagonal (kj >= qi): causal keeps key j ≤ query i, so "
-                       "query i sees its own key. Mask only kj > qi. (With N = 1 the one key was masked: P = 0, "
-                       "so dV = Pᵀ dO = 0, while dQ = dK = 0 is right there whatever P is)",
+                       "query i sees its own key. Mask only kj > qi",
 }
 
 
@@ -81,13 +87,16 @@ def backward_mistake(name: str, got: torch.Tensor, q, k, v, grad_out, is_causal:
     candidates = {"no D": grads(p * dp), "D flipped": grads(p * (delta - dp)),
                   "dQ unscaled": grads(p * (dp - delta), q_scale=1.0),
                   "dK unscaled": grads(p * (dp - delta), k_scale=1.0),
-                  "dV scaled": grads(p * (dp - delta), v_scale=scale)}
+                  "dV scaled": grads(p * (dp - delta), v_scale=scale),
+                  "dK scaled twice": grads(p * (dp - delta), k_scale=scale * scale)}
     if is_causal:     # P = exp(S − L) with the diagonal masked too: those entries 0, the rest as they were
         on_diagonal = torch.arange(q.shape[-2])[:, None] == torch.arange(k.shape[-2])[None, :]
         p_without = p.masked_fill(on_diagonal, 0.0)
-        candidates["diagonal masked"] = {"q": (p_without * (dp - delta)) @ k * scale,
-                                         "k": (p_without * (dp - delta)).transpose(-1, -2) @ q * scale,
-                                         "v": p_without.transpose(-1, -2) @ grad_out}
+        # every key masked (N = 1): the tile holding the diagonal skipped gives the same, so the hint names both
+        mistake = "no key seen" if not p_without.any() else "diagonal masked"
+        candidates[mistake] = {"q": (p_without * (dp - delta)) @ k * scale,
+                               "k": (p_without * (dp - delta)).transpose(-1, -2) @ q * scale,
+                               "v": p_without.transpose(-1, -2) @ grad_out}
     got = got.detach().double().cpu()
     for mistake, wrong in candidates.items():
         want = wrong[name]

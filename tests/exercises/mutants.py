@@ -307,6 +307,15 @@ MUTANTS = [
      "return i % stages, i % 2"),
     ("ex11_mbarrier_ring", "phase = the round i // S (not a bit)", "return i % stages, (i // stages) % 2",
      "return i % stages, i // stages"),
+    # from a fifth learner's trial (00-04), for their hints: each used to get no hint or another mistake's
+    ("ex03_online_softmax", "merge keeps the first side's max (m = m_a, not max(m_a, m_b))",
+     "    m = torch.maximum(m_a, m_b)\n", "    m = m_a\n"),
+    ("ex03b_tiled_forward", "max not subtracted in the tile (P̃ = exp(S)), l and acc still rescaled",
+     "p = torch.exp(s - m_new[..., None])", "p = torch.exp(s)"),
+    ("ex03b_tiled_forward", "lse = log l (the running max not added back)", "lse[..., i:i + rows] = m + torch.log(l)",
+     "lse[..., i:i + rows] = torch.log(l)"),
+    ("ex04_tiled_backward", "dK scaled twice (dSᵀ Q · scale²)", "ds.transpose(-1, -2) @ qi * scale",
+     "ds.transpose(-1, -2) @ qi * scale * scale"),
 ]
 
 

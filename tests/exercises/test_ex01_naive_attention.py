@@ -83,8 +83,17 @@ def _usual_mistake(out, q, k, v, is_causal) -> str:
             "exp(0) = 1 still weighs a masked key; give masked scores −inf (masked_fill(~mask, -inf)), so that "
             "exp(−inf) = 0"),
     }
+    masked = scores * d ** -0.5
+    if is_causal:
+        masked = masked.masked_fill(~keep, -torch.inf)
+    slips["softmax taken over the queries (dim=-2), not over the keys"] = (
+        torch.softmax(masked, -2) @ v,
+        "each query's weights P_ij must sum to 1 over the keys j, the last dimension of S (..., Nq, Nk): "
+        "softmax(scores, dim=-1). (With the causal mask, a column of S whose every entry is −inf then gives NaN)")
     for what, (wrong, fix) in slips.items():
-        if not torch.allclose(wrong, attend(scores * d ** -0.5)) and torch.allclose(out.double(), wrong, atol=1e-4):
+        right = attend(scores * d ** -0.5)
+        if not torch.allclose(wrong, right, equal_nan=True) and torch.allclose(out.double(), wrong, atol=1e-4,
+                                                                               equal_nan=True):
             return f"\nhint: that is attention with its {what}: {fix}"
     return ""
 

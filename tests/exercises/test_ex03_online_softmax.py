@@ -43,10 +43,17 @@ def _merge_hint(exercise) -> str:
     zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
     a_smaller, b_smaller = "merge(m_a=0, l_a=1, m_b=1, l_b=1)", "merge(m_a=1, l_a=1, m_b=0, l_b=1)"
     try:
-        got = {order: exercise.merge(*states)[1].item() for order, states in
-               ((a_smaller, (zero, one, one, one)), (b_smaller, (one, one, zero, one)))}
+        merged = {order: exercise.merge(*states) for order, states in
+                  ((a_smaller, (zero, one, one, one)), (b_smaller, (one, one, zero, one)))}
+        got = {order: state[1].item() for order, state in merged.items()}
+        maxima = {order: state[0].item() for order, state in merged.items()}
     except Exception:
         return ""
+    if any(m != 1.0 for m in maxima.values()):     # the max itself is wrong: the factors follow from it
+        said = "; ".join(f"{order} gives m = {m:g}" for order, m in maxima.items())
+        return (f"\nhint: {said}, where both should give m = max(m_a, m_b) = 1: the merged max must be the larger "
+                "of the two, whichever side holds it (torch.maximum(m_a, m_b)); each side is then rescaled by "
+                "exp(its own max − m) ≤ 1: l = l_a·exp(m_a − m) + l_b·exp(m_b − m)")
     want, e = 1 + 1 / torch.e, torch.e
     wrong = {order: l for order, l in got.items() if abs(l - want) > 1e-9}
     if not wrong:
@@ -118,9 +125,13 @@ def test_merge_with_an_empty_or_masked_part(exercise):
     x = torch.randn(3, 10, dtype=torch.float64)
     m, l = _state(x)  # noqa: E741
     empty = (torch.full((3,), -torch.inf, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
-    for got in (exercise.merge(m, l, *empty), exercise.merge(*empty, m, l)):
-        assert_close(got[0], m, what="m")
-        assert_close(got[1], l, what="l")
+    for order, got in (("merge(a, empty)", exercise.merge(m, l, *empty)),
+                       ("merge(empty, a)", exercise.merge(*empty, m, l))):
+        try:
+            assert_close(got[0], m, what=f"{order}: m")
+            assert_close(got[1], l, what=f"{order}: l")
+        except AssertionError as err:
+            raise AssertionError(f"{err}{_merge_hint(exercise)}") from None
     x[2] = -torch.inf                        # row 2 masked in the first part as well
     m, l = _state(x)  # noqa: E741
     block = torch.randn(3, 6, dtype=torch.float64)

@@ -65,6 +65,61 @@ class KeyBlockReads(TorchDispatchMode):
         return result
 
 
+def _tiled_with_slip(q, k, v, is_causal, scale, block_m, block_n, slip):
+    """The output of the tiled forward computed here in float64 with one usual slip: "acc" (the accumulator
+    not rescaled by α = e^(m − m')) or "max" (P̃ = e^S, the running max not subtracted; l and acc still
+    rescaled by α). Which tiles are skipped does not matter: a fully masked tile adds nothing either way."""
+    q, k, v = q.double(), k.double(), v.double()
+    outs = []
+    for i in range(0, q.shape[-2], block_m):
+        s_rows = q[..., i:i + block_m, :] @ k.transpose(-1, -2) * scale
+        if is_causal:
+            above = torch.arange(k.shape[-2])[None, :] > torch.arange(i, i + s_rows.shape[-2])[:, None]
+            s_rows = s_rows.masked_fill(above, -torch.inf)
+        m = torch.full(s_rows.shape[:-1], -torch.inf, dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros(*s_rows.shape[:-1], v.shape[-1], dtype=torch.float64)  # noqa: E741
+        for j in range(0, k.shape[-2], block_n):
+            s = s_rows[..., j:j + block_n]
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s) if slip == "max" else torch.exp(s - shift[..., None])
+            alpha = torch.exp(m - shift)
+            l = l * alpha + p.sum(-1)  # noqa: E741
+            acc = (acc if slip == "acc" else acc * alpha[..., None]) + p @ v[..., j:j + block_n, :]
+            m = m_new
+        outs.append(acc / l[..., None])
+    return torch.cat(outs, -2)
+
+
+FORWARD_SLIPS = {
+    "acc": "the accumulator was not rescaled: when the running max grows from m to m', the sum of P̃ V so far "
+           "was weighed by e^(S − m), so multiply it by α = e^(m − m') as you do l: acc = α·acc + P̃ V",
+    "max": "P̃ = e^S: the running max is not subtracted in the tile, while l and acc are rescaled by "
+           "α = e^(m − m') as if it were. Take P̃ = exp(S − m') with m' = max(m, rowmax S), the new running max",
+}
+
+
+def _forward_hint(out, lse, q, k, v, is_causal, block_m, block_n, scale=None) -> str:
+    """``"\\nhint: …"`` when ``out`` is what a usual slip of the tiled loop gives, or ``lse`` is log l without
+    the running max (``lse`` None: not checked); else ``""``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    right = reference_attention(q.double(), k.double(), v.double(), is_causal=is_causal, scale=scale)
+    for slip, hint in FORWARD_SLIPS.items():
+        wrong = _tiled_with_slip(q, k, v, is_causal, scale, block_m, block_n, slip)
+        if rel_error(wrong, right) > 1e-3 and rel_error(out.double(), wrong) <= 1e-4:
+            return f"\nhint: {hint}"
+    if lse is not None:
+        scores = q.double() @ k.double().transpose(-1, -2) * scale
+        if is_causal:
+            scores = scores.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril().logical_not(),
+                                        -torch.inf)
+        log_l = torch.logsumexp(scores, -1) - scores.amax(-1)        # log Σ_j e^(S_ij − m_i), the final m
+        if rel_error(lse.double(), log_l) <= 1e-4:
+            return ("\nhint: lse = log l: l was summed against the running max, l = Σ_j e^(S_ij − m), so "
+                    "log Σ_j e^(S_ij) = m + log l; add m back")
+    return ""
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("Nq,Nk,D", CASES)
 def test_matches_reference(exercise, Nq, Nk, D, is_causal):
@@ -72,11 +127,14 @@ def test_matches_reference(exercise, Nq, Nk, D, is_causal):
     out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, block_m=32, block_n=64)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1]
     assert lse.dtype == torch.float32, "lse in float32 for float32 inputs"
-    assert_close(out, reference_attention(q, k, v, is_causal=is_causal))
     scores = (q.double() @ k.double().transpose(-1, -2)) * D ** -0.5
     if is_causal:
         scores = scores.masked_fill(torch.ones(Nq, Nk, dtype=torch.bool).tril().logical_not(), -torch.inf)
-    assert_close(lse, torch.logsumexp(scores, -1), what="lse")
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=is_causal))
+        assert_close(lse, torch.logsumexp(scores, -1), what="lse")
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_forward_hint(out, lse, q, k, v, is_causal, 32, 64)}") from None
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -94,14 +152,27 @@ def test_rows_of_very_negative_scores(exercise, is_causal):
     k[..., 0] = -torch.randint(28, 33, (1, 2, n_k)).float()
     largest = (q @ k.transpose(-1, -2) * d ** -0.5).amax(-1)[rows].max().item()
     assert largest < -120, f"test inputs: a chosen row's largest score {largest:.0f} is not far below 0"
-    out, _ = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, block_m=16, block_n=32)
+    out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=is_causal, block_m=16, block_n=32)
+    want = reference_attention(q, k, v, is_causal=is_causal)
     try:
-        assert_close(out, reference_attention(q, k, v, is_causal=is_causal), tol=1e-4)
+        assert_close(out, want, tol=1e-4)
     except AssertionError as error:
         bad = (~torch.isfinite(out)).any(-1) | (out == 0).all(-1)          # per (batch, head, query row)
+        scores = q.double() @ k.double().transpose(-1, -2) * d ** -0.5
+        if is_causal:
+            scores = scores.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).tril().logical_not(), -torch.inf)
+        # the rows with ordinary scores: a running max started at 0 leaves them right (any common shift cancels)
+        ordinary_right = rel_error(out[~rows], want[~rows]) <= 1e-4 and rel_error(
+            lse[~rows], torch.logsumexp(scores, -1)[~rows]) <= 1e-4
         if is_causal and bad.nonzero()[:, -1].unique().tolist() == [0]:
             hint = ("\nhint: only query row 0 is NaN or 0: query i must see keys 0..i, its own key included (mask "
                     "where kj > qi, not kj >= qi); with key 0 masked, row 0 has no key at all (0/0)")
+        elif bad.any() and not ordinary_right:
+            hint = ("\nhint: NaN or 0 in rows whose every score is far below 0 (e^S underflows fp32 to 0 below "
+                    "≈ −103), and the rows with ordinary scores are wrong too (output or lse): the exponentials "
+                    "must be taken against the running max, P̃ = exp(S − m') with m' = max(m, rowmax S), so each "
+                    "row's largest term is e⁰ = 1; l and acc are rescaled by exp(m − m')"
+                    + _forward_hint(out, None, q, k, v, is_causal, 16, 32))
         elif bad.any():
             hint = ("\nhint: NaN or 0 in rows whose every score is far below 0: e^(S − m) underflows fp32 to 0 for "
                     "S − m below ≈ −88 (−103 with subnormals), so l = 0, unless m is the row's true running max. "
@@ -176,8 +247,11 @@ def test_causal_tiles_cut_by_the_diagonal_are_computed(exercise, Nq, Nk, block_m
     # first without causal: these tilings must work at all, or the causal message below would blame the loop
     # bounds for a mistake in the tiles (a learner's trial: the accumulator not rescaled got the bounds' hint)
     out, _ = exercise.tiled_attention_forward(q, k, v, block_m=block_m, block_n=block_n)
-    assert_close(out, reference_attention(q, k, v), dtype=torch.float64,
-                 what=f"output (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
+    try:
+        assert_close(out, reference_attention(q, k, v), dtype=torch.float64,
+                     what=f"output (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_forward_hint(out, None, q, k, v, False, block_m, block_n)}") from None
     out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=block_m, block_n=block_n)
     want = reference_attention(q, k, v, is_causal=True)
     rows = differing_rows(out, want)
@@ -192,7 +266,10 @@ def test_float64_inputs_keep_float64(exercise):
     q, k, v = (torch.randn(1, 1, 45, 8, dtype=torch.float64) for _ in range(3))
     out, lse = exercise.tiled_attention_forward(q, k, v, is_causal=True, block_m=16, block_n=16)
     assert out.dtype == torch.float64 and lse.dtype == torch.float64
-    assert_close(out, reference_attention(q, k, v, is_causal=True), dtype=torch.float64)
+    try:
+        assert_close(out, reference_attention(q, k, v, is_causal=True), dtype=torch.float64)
+    except AssertionError as error:
+        raise AssertionError(f"{error}{_forward_hint(out, None, q, k, v, True, 16, 16)}") from None
 
 
 def test_scale_argument(exercise):

@@ -51,20 +51,62 @@ def test_causal_tiles_cut_by_the_diagonal_are_computed(exercise, Nq, Nk, block_m
     grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, block_m=block_m, block_n=block_n)
     for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out)):
         assert got.dtype == torch.float64, f"d{name} is {got.dtype}: return gradients in the dtypes of q, k, v"
-        assert_close(got, want, dtype=torch.float64,
-                     what=f"d{name} (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
+        try:
+            assert_close(got, want, dtype=torch.float64,
+                         what=f"d{name} (not causal, Nq={Nq}, Nk={Nk}, block_m={block_m}, block_n={block_n})")
+        except AssertionError as error:
+            raise AssertionError(f"{error}{backward_mistake(name, got, q, k, v, grad_out, False)}") from None
     out, lse = _forward(q, k, v, True)
     grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=True,
                                               block_m=block_m, block_n=block_n)
     for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=True)):
         rows = differing_rows(got, want)
+        if not rows:
+            continue
         axis = "query" if name == "q" else "key"
-        assert not rows, (
-            f"d{name}: {axis} rows {rows} differ from the float64 reference (causal, Nq={Nq}, Nk={Nk}, "
-            f"block_m={block_m}, block_n={block_n}). Skip a tile only when it lies wholly above the diagonal: its "
-            "first key j comes after the query block's last row i + rows − 1 (rows = that block's real height, which "
-            "the last block may cut short). A tile the diagonal cuts, even at one corner, must be computed with "
-            "the mask kj > qi")
+        said = (f"d{name}: {axis} rows {rows} differ from the float64 reference (causal, Nq={Nq}, Nk={Nk}, "
+                f"block_m={block_m}, block_n={block_n}).")
+        mask_hint = backward_mistake(name, got, q, k, v, grad_out, True, tol=1e-9)
+        if mask_hint:                             # the mask's mistake, whatever the tiles: not the skipping
+            raise AssertionError(f"{said}{mask_hint}")
+        for rule, why in SKIP_RULES.items():
+            wrong = _with_tiles_skipped(q, k, v, grad_out, block_m, block_n, rule)["qkv".index(name)]
+            if differing_rows(wrong, want) and not differing_rows(got, wrong):
+                raise AssertionError(f"{said}\nhint: {why}")
+        raise AssertionError(
+            f"{said} Skip a tile only when it lies wholly above the diagonal: its first key j comes after the query "
+            "block's last row i + rows − 1 (rows = that block's real height, which the last block may cut short). "
+            "A tile the diagonal cuts, even at one corner, must be computed with the mask kj > qi")
+
+
+# the usual off-by-ones of causal tile skipping, each as (first key j, first row i, last row i + rows − 1) → skip?
+SKIP_RULES = {
+    lambda j, first, last: j >= last: (
+        "the tile whose first key j is the query block's last row was skipped (j >= i + rows − 1): that tile "
+        "holds the diagonal entry (last row, key j), which the row sees. Skip only when j > i + rows − 1"),
+    lambda j, first, last: j > first: (
+        "tiles were skipped from the query block's first row (j > i): its later rows see keys past i. Skip only "
+        "when j > i + rows − 1, the block's last row"),
+}
+
+
+def _with_tiles_skipped(q, k, v, grad_out, block_m, block_n, skip):
+    """(dQ, dK, dV) in float64 of causal attention whose tiles ``skip(j, i, i + rows − 1)`` are left out
+    (their P taken as 0), the mask otherwise right: what a loop with that skipping rule returns."""
+    q, k, v, grad_out = (t.double() for t in (q, k, v, grad_out))
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    keep = torch.ones(n_q, n_k, dtype=torch.bool).tril()
+    for i in range(0, n_q, block_m):
+        last = min(i + block_m, n_q) - 1
+        for j in range(0, n_k, block_n):
+            if skip(j, i, last):
+                keep[i:last + 1, j:j + block_n] = False
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(), -torch.inf)
+    p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True)).masked_fill(~keep, 0.0)   # the right P, tiles left out
+    delta = (grad_out * reference_attention(q, k, v, is_causal=True)).sum(-1, keepdim=True)
+    ds = p * (grad_out @ v.transpose(-1, -2) - delta)
+    return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ grad_out
 
 
 def test_never_forms_the_score_matrix(exercise):
@@ -82,7 +124,10 @@ def test_float64_gradients_stay_float64(exercise):
     grads = exercise.tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=True)
     for name, got, want in zip("qkv", grads, reference_gradients(q, k, v, grad_out, is_causal=True)):
         assert got.dtype == torch.float64, f"d{name}: return gradients in the dtypes of q, k, v"
-        assert_close(got, want, dtype=torch.float64, what=f"d{name}")
+        try:
+            assert_close(got, want, dtype=torch.float64, what=f"d{name}")
+        except AssertionError as error:
+            raise AssertionError(f"{error}{backward_mistake(name, got, q, k, v, grad_out, True)}") from None
 
 
 LSE_HINT = ("\nhint: recompute P = exp(S − lse) with the lse passed in. Given lse + log 2, every P, and so every "

@@ -34,7 +34,8 @@ def test_block_size_report_says_which_moves_more_both_ways():
     from flashlab.lessons.traffic import blocks_for_onchip_memory, naive_attention_traffic, tiled_forward_traffic
 
     normal = block_size_report(96, 64, 4096).splitlines()[-1]
-    assert normal == "HBM traffic of the forward, N = 4,096: tiled 65.02 MiB, naive 131.00 MiB (2.0x more)", (
+    assert normal == ("HBM traffic of the forward, N = 4,096: tiled 65.02 MiB, naive 131.00 MiB "
+                      "(naive moves 2.0x more than tiled)"), (
         f"the usual case (notebook 03's saved output) changed: {normal!r}")
     inverted = block_size_report(16, 256, 65536)
     assert "tiled 512.06 GiB, naive 32.19 GiB (tiled moves 15.9x MORE than naive)" in inverted, (
@@ -49,7 +50,7 @@ def test_block_size_report_says_which_moves_more_both_ways():
         tiled = sum(tiled_forward_traffic(1, 1, seq_len, head_dim, block_m=block_m, block_n=block_n).values())
         naive = sum(s.total for s in naive_attention_traffic(1, 1, seq_len, head_dim))
         want = (f"(tiled moves {tiled / naive:.1f}x MORE than naive)" if tiled > naive
-                else f"({naive / tiled:.1f}x more)")
+                else f"(naive moves {naive / tiled:.1f}x more than tiled)")
         assert want in text, (f"M = {onchip_kib} KiB, d = {head_dim}, N = {seq_len}: tiled {tiled:,} B, naive "
                               f"{naive:,} B, so expected {want!r} in:\n{text}")
         ratios = [float(r) for r in re.findall(r"(\d+\.\d)x", text)]
