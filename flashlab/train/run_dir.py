@@ -39,15 +39,30 @@ _held: dict[str, list] = {}
 
 
 def _holder(lock: Path) -> str:
-    """Who holds ``lock``, as its holder wrote it ("process 1234 on host"); the holder writes it
-    just after taking the lock, so an empty file is read again for a moment."""
-    for _ in range(20):
+    """Who holds ``lock``, as its holder wrote it ("process 1234 on host"). The holder writes it
+    just after taking the lock, so for a moment the file is empty or still names the run before
+    (a process of this host that has ended): such a text is read again."""
+    for _ in range(40):
         with contextlib.suppress(OSError):
             text = lock.read_text().strip()
-            if text:
+            if text and not _ended_here(text):
                 return text
         time.sleep(0.05)
     return "a process that has not said its PID yet"
+
+
+def _ended_here(holder: str) -> bool:
+    """Whether ``holder`` ("process 1234 on host") names a process of this host that no longer runs."""
+    words = holder.split()
+    if len(words) != 4 or words[0] != "process" or not words[1].isdigit() or words[3] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:                        # alive, someone else's
+        return False
+    return False
 
 
 def hold(out_dir) -> None:

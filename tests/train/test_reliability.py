@@ -882,3 +882,25 @@ def test_convert_legacy_of_a_list_says_so_in_one_line(tmp_path):
                                                          r"is nothing to convert\.$"):
         checkpoint.convert_legacy(source, tmp_path / "new.pt", "tsp-model")
     assert not (tmp_path / "new.pt").exists()
+
+
+def test_a_lock_file_naming_an_ended_process_is_not_taken_for_its_holder(tmp_path, monkeypatch):
+    """Found by CI: a resume refused in the moment between the winner taking the lock and writing
+    its PID read the previous run's PID from the lock file. A PID of this host that no longer runs
+    is read again until the holder has written its own."""
+    import socket
+    import subprocess
+    import sys
+
+    from flashlab.train import run_dir
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"process {int(ended.stdout)} on {socket.gethostname()}"
+    alive = f"process {os.getpid()} on {socket.gethostname()}"
+    assert run_dir._ended_here(dead) and not run_dir._ended_here(alive)
+    assert not run_dir._ended_here("process 1 on another-host") and not run_dir._ended_here("garbage")
+    lock = tmp_path / ".run.lock"
+    lock.write_text(dead + "\n")
+    monkeypatch.setattr(run_dir.time, "sleep", lambda s: None)
+    assert run_dir._holder(lock) == "a process that has not said its PID yet"
+    lock.write_text(alive + "\n")
+    assert run_dir._holder(lock) == alive
