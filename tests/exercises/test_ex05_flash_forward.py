@@ -103,9 +103,10 @@ def _lse_hint(lse, q, k, tol) -> str:
 
 def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HINT):
     """assert_close of O against float64 attention, with a hint where the failure has the
-    signature of a known mistake: inf/NaN (``nonfinite_hint``), the output of attention with the
-    scores scaled by ln 2 (exp2 without log2 e), or by another scale (none, twice, the default in
-    place of the one passed), or (N > one key block) a missing rescale."""
+    signature of a known mistake: inf/NaN (``nonfinite_hint``, or α's sign when every entry is NaN with small
+    scores), the output of attention with the scores scaled by ln 2 (exp2 without log2 e) or by another scale
+    (none, twice, the default in place of the one passed), the output of the block loop with one slip
+    (`_loop_slips`), rows off by a factor each, or (N > one key block) none of these."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
