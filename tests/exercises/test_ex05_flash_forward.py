@@ -9,15 +9,37 @@ import torch
 
 from flashlab import assert_close, reference_attention
 from flashlab.reference.float64 import TF32_TOLERANCE, reference_logsumexp, rel_error
-from tests.exercises.hints import known_mistake, unwritten
+from tests.exercises.hints import unwritten
 from tests.exercises.padded_launch import PaddedLaunch, launch_guarded
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 tl.dot runs exact in the interpreter but through TF32 tensor cores on a GPU
 TOL = {torch.float32: 1e-5 if DEVICE == "cpu" else TF32_TOLERANCE, torch.float16: 3e-3}
 
-RESCALE_HINT = ("\nhint: if only sequences of one key block pass, check the rescale of the accumulator "
-                "by alpha = exp(m_old − m_new) when the running max changes")
+RESCALE_HINT = ("\nhint: N spans several key blocks here and the output is none of the known slips' (no hint "
+                "names it): run one key block (N = BLOCK); if that passes, look at what carries from one key block "
+                "to the next: m, ℓ and the accumulator, their rescale by α = e^(m − m'), the K/V offsets")
+# what the block loop gives with one slip, named by `_loop_slips`' keys
+LOOP_HINTS = {
+    "acc": ("the output is what the loop gives when ℓ is rescaled by α = e^(m − m') but the accumulator is not: "
+            "its old terms were exponentiated with the old max, so acc' = α·acc + P̃ V, like ℓ' = α·ℓ + rowsum P̃"),
+    "l": ("each row of O is the right row times its own constant below 1, as when the accumulator is rescaled by "
+          "α = e^(m − m') and ℓ is not: ℓ' = α·ℓ + rowsum P̃, like acc' = α·acc + P̃ V"),
+    "divide": ("each row of O is the right row times ℓ_i = Σ_j e^(S_ij − m_i), the softmax's denominator: divide "
+               "the accumulator by ℓ once, after the loop, O = acc / ℓ"),
+    "shift": ("the output is what the loop gives with P̃ = e^S instead of e^(S − m'): exponentiate the scores less "
+              "the new running max, P̃ = e^(S − m'), so that ℓ and the accumulator hold no e^m"),
+    "first block": ("each query block's output is attention over the first key block alone, read again at every "
+                     "step: the K and V offsets do not move with the loop; load the rows start_n + offs_n"),
+    "own block": ("each query block's output is attention over the key block of its own index alone: K and V are "
+                  "loaded at the query rows (offs_m); load the key rows start_n + offs_n"),
+}
+ROW_FACTOR_HINT = ("\nhint: each row of O is the right row times its own constant ({low:.3g} to {high:.3g}): the "
+                   "weights' sum is off. Check ℓ: the sum of e^(S_ij − m) over the keys j of row i (axis 1), "
+                   "rescaled by α = e^(m − m') like the accumulator, and O = acc / ℓ")
+ALPHA_HINT = ("\nhint: every entry of O is NaN or inf although no score exceeds {top:.0f} (e^S overflows fp32 only "
+              "past ≈ 88.7). The first key block makes it, where m = −inf: α = e^(m − m') = e^(−inf) = 0 there, "
+              "while e^(m' − m) = +inf and 0·inf = NaN. Was α's sign flipped?")
 NO_SCALE_HINT = ("\nhint: the output is attention with unscaled scores, softmax(Q Kᵀ) V: multiply the scores by "
                  "`scale` (1/√D unless given), S = Q Kᵀ · scale, before the running max")
 SCALE_TWICE_HINT = ("\nhint: the output is attention with its scores scaled twice, softmax(Q Kᵀ · scale²) V: "
@@ -49,21 +71,42 @@ def _check_lse(lse, q, k, tol):
     try:
         assert_close(lse, want, tol=tol, what="lse")
     except AssertionError as error:
-        scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
-        row_max = scores.amax(-1).to(want.device)
-        signatures = [  # error of L = log2(e)·L (the kernel's base-2 units), of L = log(l) (no max)
-            (math.log2(math.e) - 1, "L must be in natural log units: multiply the base-2 value by ln 2"),
-            (rel_error(want - row_max, want), "L = m + log(l): add the running max back"),
-        ]
-        hint = unwritten(lse, "L") or known_mistake(rel_error(lse, want), signatures)
-        raise AssertionError(f"{error}{hint}") from None
+        raise AssertionError(f"{error}{unwritten(lse, 'L') or _lse_hint(lse, q, k, tol)}") from None
+
+
+def _lse_hint(lse, q, k, tol) -> str:
+    """`_check_lse`'s hint: L as a known wrong formula of m (the row max of S) and ℓ = Σ_j e^(S_j − m), or as
+    a·m + b·ln ℓ with a or b not 1 (a log base mixed in)."""
+    scores = q.double().cpu() @ k.double().cpu().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    m = scores.amax(-1)
+    log_l = torch.log(torch.exp(scores - m[..., None]).sum(-1))
+    got = lse.double().cpu()
+    formulas = [
+        ((m + log_l) * math.log2(math.e), "L must be in natural log units: multiply the base-2 value by ln 2"),
+        (log_l, "L = m + ln ℓ: add the running max back"),
+        (2 * m + log_l, "L = m + ln ℓ holds m twice: with P̃ = e^S (not shifted by m), ℓ = Σ e^S already holds "
+                        "e^m. Exponentiate S − m', and L = m + ln ℓ"),
+    ]
+    for wrong, hint in formulas:
+        if rel_error(got, wrong) <= tol:
+            return f"\nhint: {hint}"
+    if not torch.isfinite(got).all():
+        return ""
+    terms = torch.stack([m.flatten(), log_l.flatten()], -1)
+    a, b = torch.linalg.lstsq(terms, got.flatten()[:, None]).solution.flatten().tolist()
+    if rel_error(got, a * m + b * log_l) <= tol and max(abs(a - 1), abs(b - 1)) > 0.01:
+        return (f"\nhint: L = {a:.3f}·m + {b:.3f}·ln ℓ here (m the row's max score, ℓ = Σ_j e^(S_j − m)); it should "
+                f"be m + ln ℓ. A factor log₂e ≈ 1.443 or ln 2 ≈ 0.693 on a term says that term is in another log "
+                f"base: keep both in natural log (in an exp2 kernel, L = (m₂ + log₂ ℓ)·ln 2)")
+    return ""
 
 
 def _check_out(out, q, k, v, tol, block, scale=None, nonfinite_hint=OVERFLOW_HINT):
     """assert_close of O against float64 attention, with a hint where the failure has the
-    signature of a known mistake: inf/NaN (``nonfinite_hint``), the output of attention with the
-    scores scaled by ln 2 (exp2 without log2 e), or by another scale (none, twice, the default in
-    place of the one passed), or (N > one key block) a missing rescale."""
+    signature of a known mistake: inf/NaN (``nonfinite_hint``, or α's sign when every entry is NaN with small
+    scores), the output of attention with the scores scaled by ln 2 (exp2 without log2 e) or by another scale
+    (none, twice, the default in place of the one passed), the output of the block loop with one slip
+    (`_loop_slips`), rows off by a factor each, or (N > one key block) none of these."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     try:
         assert_close(out, reference_attention(q, k, v, scale=scale), tol=tol)
@@ -76,6 +119,9 @@ def _out_hint(out, q, k, v, tol, block, scale, nonfinite_hint) -> str:
     if hint := unwritten(out, "O"):
         return hint
     if not torch.isfinite(out).all():
+        top = (q.double() @ k.double().transpose(-1, -2)).amax().item() * scale
+        if not torch.isfinite(out).any() and top < 88:
+            return ALPHA_HINT.format(top=top)
         return nonfinite_hint
     if rel_error(out, reference_attention(q, k, v, scale=scale * math.log(2))) <= tol:
         return LOG2E_HINT
@@ -86,9 +132,48 @@ def _out_hint(out, q, k, v, tol, block, scale, nonfinite_hint) -> str:
             continue
         if rel_error(out, reference_attention(q, k, v, scale=wrong_scale)) <= tol:
             return hint
-    if k.shape[-2] > block:      # the rescale only matters from the second key block on
+    for slip, candidate in _loop_slips(q, k, v, scale, block).items():
+        right = reference_attention(q, k, v, scale=scale).double().cpu()
+        if rel_error(candidate, right) > 10 * tol and rel_error(out.double().cpu(), candidate) <= tol:
+            return f"\nhint: {LOOP_HINTS[slip]}"
+    if hint := _row_factor_hint(out, reference_attention(q, k, v, scale=scale), tol):
+        return hint
+    if k.shape[-2] > block:      # what carries between key blocks only matters from the second one on
         return RESCALE_HINT
     return ""
+
+
+def _loop_slips(q, k, v, scale, block) -> dict:
+    """O in float64 of the kernel's loop over key blocks of ``block`` keys with one slip each (`LOOP_HINTS`)."""
+    q, k, v = (t.double().cpu() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) * scale
+    slips = {}
+    for slip in ("acc", "l", "divide", "shift"):
+        m = torch.full(scores.shape[:-1], -torch.inf, dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros_like(q)
+        for j in range(0, k.shape[-2], block):
+            s = scores[..., j:j + block]
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s) if slip == "shift" else torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = (l if slip == "l" else l * alpha) + p.sum(-1)
+            acc = (acc if slip == "acc" else acc * alpha[..., None]) + p @ v[..., j:j + block, :]
+            m = m_new
+        slips[slip] = acc if slip == "divide" else acc / l[..., None]
+    slips["first block"] = torch.softmax(scores[..., :block], -1) @ v[..., :block, :]
+    if q.shape[-2] == k.shape[-2] and q.shape[-2] % block == 0:
+        rows = [slice(i, i + block) for i in range(0, q.shape[-2], block)]
+        slips["own block"] = torch.cat([torch.softmax(scores[..., r, r], -1) @ v[..., r, :] for r in rows], -2)
+    return slips
+
+
+def _row_factor_hint(out, want, tol) -> str:
+    """`ROW_FACTOR_HINT` when each row of ``out`` is the row of ``want`` times a constant of its own (not all 1)."""
+    out, want = out.double().cpu(), want.double().cpu()
+    factor = (out * want).sum(-1, keepdim=True) / (want * want).sum(-1, keepdim=True).clamp(min=1e-300)
+    if rel_error(out, factor * want) > tol or (factor - 1).abs().max() <= 10 * tol:
+        return ""
+    return ROW_FACTOR_HINT.format(low=factor.min().item(), high=factor.max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])

@@ -19,6 +19,9 @@ RAGGED_HINT = ("\nhint: Nk = {n_k} is not a multiple of BLOCK_N = {block}, and t
 CAUSAL_HINT = ("\nhint: the same call without is_causal passes, so the causal part is wrong: the loop bound "
                "hi = min(Nk, (start_m + 1)·BLOCK_M) and the mask cols <= rows inside the tile "
                "(key j ≤ query i: `<=` keeps the diagonal)")
+BOUND_SHORT_HINT = ("\nhint: each query block reads the key blocks before its own and stops short of its diagonal "
+                    "block: rows of block b see keys < b·BLOCK_M only (block 0 none: O = 0 or NaN there). The causal "
+                    "loop runs to the block's last row, hi = min(Nk, (start_m + 1)·BLOCK_M)")
 
 MAX_INIT_HINT = ("\nhint: the same call passes with ordinary scores, and fails where every score of a row is far "
                  "below 0: e^(S − m) underflows fp32 to 0 for S − m below ≈ −88 (−103 with subnormals), so "
@@ -80,9 +83,30 @@ def _hint(exercise, q, k, v, is_causal, tol):
                 for t in (k, v)]
         if _passes(exercise, q, *more, is_causal, tol):
             return RAGGED_HINT.format(n_k=n_k, block=block)
+    if is_causal and _stops_before_diagonal(exercise, q, k, v, tol):
+        return BOUND_SHORT_HINT
     if is_causal and _passes(exercise, q, k, v, False, tol):
         return CAUSAL_HINT
     return ""
+
+
+def _stops_before_diagonal(exercise, q, k, v, tol) -> bool:
+    """Whether the exercise's causal O is attention over the keys before each query block's own key block
+    (0 or NaN in rows that see none): the loop bound one block short. Where every query is in block 0 (no row
+    would see a key), the exercise runs again on three blocks' worth of fresh rows, which tell it apart."""
+    block, n_q, n_k = exercise.BLOCK, q.shape[-2], k.shape[-2]
+    keep = torch.arange(n_k)[None, :] < (torch.arange(n_q) // block * block)[:, None]
+    if not keep.any():
+        if n_q > block:
+            return False
+        q, k, v = (torch.randn(*t.shape[:-2], 3 * block - 5, t.shape[-1], device=t.device, dtype=t.dtype)
+                   for t in (q, k, v))
+        return _stops_before_diagonal(exercise, q, k, v, tol)
+    out, _ = exercise.flash_forward(q, k, v, is_causal=True)
+    q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
+    scores = (q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~keep, -torch.inf)
+    want = (torch.softmax(scores, -1) @ v64).nan_to_num(0.0)
+    return rel_error(out.double().cpu().nan_to_num(0.0), want) <= tol
 
 
 def _check(exercise, out, lse, q, k, v, is_causal, tol):

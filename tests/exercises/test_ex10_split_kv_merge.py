@@ -35,8 +35,9 @@ def _uses_softmax(fn) -> bool:
                for t in tokenize.generate_tokens(io.StringIO(source).readline))
 
 
-def _unweighted_hint(o, o_parts, lse_parts) -> str:
-    """``"\\nhint: …"`` when O is the splits' O_s combined without their softmax weights, else ``""``."""
+def _merge_hint(o, o_parts, lse_parts) -> str:
+    """``"\\nhint: …"`` when O is the splits' O_s combined without their softmax weights, or with them but
+    normalised wrongly (not divided by Σ_s w_s, divided by S) or taken from the largest split alone; else ``""``."""
     has_keys = torch.isfinite(lse_parts)[..., None]                  # an empty split's O_s is 0 and weighs nothing
     wrong = {"the plain mean of the splits' O_s": o_parts.mean(dim=0),
              "the mean of the non-empty splits' O_s": (o_parts * has_keys).sum(0) / has_keys.sum(0).clamp(min=1),
@@ -46,6 +47,19 @@ def _unweighted_hint(o, o_parts, lse_parts) -> str:
             return (f"\nhint: O is {name}. Each O_s is normalised over its own keys only, so a split weighs by the "
                     f"softmax mass its keys hold, exp(L_s): O = Σ_s w_s O_s / Σ_s w_s with w_s = exp(L_s − m), "
                     f"m = max_s L_s")
+    m = lse_parts.amax(dim=0)
+    w = torch.exp(lse_parts - torch.where(torch.isneginf(m), torch.zeros_like(m), m))[..., None]
+    weighted = (w * o_parts).sum(dim=0)                              # Σ_s w_s O_s, right up to the division
+    largest = o_parts.gather(0, lse_parts.argmax(dim=0)[None, ..., None].expand(1, *o_parts.shape[1:]))[0]
+    slips = {"Σ_s w_s O_s, not divided by Σ_s w_s: the weights w_s = exp(L_s − m) do not sum to 1, so divide by "
+             "their sum, O = Σ_s w_s O_s / Σ_s w_s": weighted,
+             "Σ_s w_s O_s divided by the number of splits S: the weights w_s = exp(L_s − m) sum to Σ_s w_s, not S, "
+             "so divide by Σ_s w_s": weighted / o_parts.shape[0],
+             "the O_s of the split with the largest L_s alone: that split holds the most softmax mass, not all of "
+             "it; every split counts, O = Σ_s w_s O_s / Σ_s w_s with w_s = exp(L_s − m)": largest}
+    for slip, candidate in slips.items():
+        if torch.allclose(o.double(), candidate, rtol=1e-6, atol=1e-9):
+            return f"\nhint: O is {slip}"
     return ""
 
 
@@ -87,7 +101,7 @@ def test_merge_of_splits_is_the_whole_row(exercise, cuts):
     try:
         assert_close(o, torch.softmax(scores, -1) @ v, what="O")
     except AssertionError as error:
-        raise AssertionError(f"{error}{_unweighted_hint(o, o_parts, lse_parts)}") from None
+        raise AssertionError(f"{error}{_merge_hint(o, o_parts, lse_parts)}") from None
     try:
         assert_close(lse, torch.logsumexp(scores, -1), what="L")
     except AssertionError as error:
