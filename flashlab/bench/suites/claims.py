@@ -1,4 +1,4 @@
-"""claims: GPU measurements for notebook 07's circulating claims.
+"""claims: GPU measurements for notebook 07b's circulating claims.
 
 claim 2  B=2, N=2048, H=12, D=64, fp16: "standard attention peaks at about 5.2 GB against 2.1 GB with
          FlashAttention; forward 48 ms against 19 ms". Measured twice: attention alone (forward time,
@@ -98,7 +98,7 @@ def run(ctx: Context) -> None:
 
 SUITE = Suite(
     name="claims",
-    summary="notebook 07's claims 2 and 7: memory and time of a GPT-2-small shape; SDPA's dispatch",
+    summary="notebook 07b's claims 2 and 7: memory and time of a GPT-2-small shape; SDPA's dispatch",
     measures="claim 2: forward time and forward+backward extra memory of naive and flashlab attention, and a "
              "GPT-2-small-shaped model's forward time and training step (time, peak memory) in 16-mixed; claim 7: "
              "which kernels SDPA's default dispatch launches per head dimension and dtype, and whether its "

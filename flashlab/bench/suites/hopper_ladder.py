@@ -523,7 +523,7 @@ def run(ctx: Context) -> None:
 
 SUITE = Suite(
     name="hopper-ladder",
-    summary="notebook 07's Hopper ladder: each step's correctness, TFLOP/s, registers",
+    summary="notebooks 07b and 11: the Hopper ladder, each step's correctness, TFLOP/s, registers",
     measures="for each step of the Hopper ladder: errors against float64 (every candidate tile), forward, "
              "backward and forward+backward TFLOP/s at its dispatched and its fastest tiles beside SDPA's flash "
              "and cuDNN backends, registers and spills of every compiled kernel, the final step's targets",

@@ -1,7 +1,7 @@
 """small-table: flashlab's small path at routing-model sizes against the general kernels and SDPA's
 backends, one attention call timed eagerly and replayed from a CUDA graph (the kernels' time
 without the host's), checked against float64 first; then the TSP Attention Model's encoder
-training step (notebook 09's table and encoder step). Sections, in order of importance:
+training step (notebook 09b's table and encoder step). Sections, in order of importance:
 
   correctness  the small path (and the general path just above its limit) vs float64:
                out, dQ, dK, dV relative errors, bf16/fp16/fp32, D 16/64, causal and full
@@ -178,7 +178,7 @@ def run(ctx: Context) -> None:
 
 SUITE = Suite(
     name="small-table",
-    summary="notebook 09's table: the small path vs SDPA at routing sizes, and the TSP encoder step",
+    summary="notebook 09b's table: the small path vs SDPA at routing sizes, and the TSP encoder step",
     measures="the small path against float64; one attention call's forward and forward+backward, eager and "
              "replayed from a CUDA graph, for flashlab, flashlab on its general kernels and SDPA's flash, "
              "memory-efficient and cuDNN backends (flashlab ÷ the fastest); the TSP encoder's training step "
