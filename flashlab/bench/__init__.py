@@ -4,7 +4,7 @@ every implementation.
 - `flashlab.bench.attention`: flashlab vs naive, SDPA's backends, FlexAttention (notebook 07,
   ``python -m flashlab bench``).
 - `flashlab.bench.softmax`: the fused softmax vs PyTorch's (notebook 02).
-- `flashlab.bench.encoder`: the TSP Attention Model's encoder per attention (notebook 09).
+- `flashlab.bench.encoder`: the TSP Attention Model's encoder per attention (notebooks 07b and 09b).
 - `flashlab.bench.train_step`: one trainer configuration's step time, memory and MFU.
 - `flashlab.bench.analysis`: reading benchmark records: targets, ratios, fits, plots.
 - `flashlab.bench.suite`, `flashlab.bench.suites`: the measurement suites, each declared once

@@ -1,4 +1,4 @@
-"""The capstone's encoder benchmark: the TSP Attention Model's encoder (notebook 09) timed
+"""The capstone's encoder benchmark: the TSP Attention Model's encoder (notebooks 07b and 09b) timed
 with each attention implementation, forward and forward+backward, and its extra memory."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""hopper-ladder: the Hopper kernels' ladder (notebook 07), measured in one run. Each step of
+"""hopper-ladder: the Hopper kernels' ladder (notebooks 07b and 11), measured in one run. Each step of
 `flashlab.launch.hopper.LADDER` adds one change to the previous one (step 0 is the course kernel,
 `flashlab.kernels.dense`); for each step the record holds correctness against float64, TFLOP/s
 forward and backward beside SDPA's FlashAttention-2 and cuDNN backends measured in the same run, the

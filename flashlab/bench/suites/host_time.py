@@ -1,5 +1,5 @@
 """host-time: where an eager small-path forward+backward spends its time on a GPU, piece by piece,
-with Triton's launch and the direct launch (`flashlab.launch.direct`) side by side (notebook 09).
+with Triton's launch and the direct launch (`flashlab.launch.direct`) side by side (notebook 09b).
 
 Every figure is wall-clock µs per call over ``CALLS`` back-to-back calls, the GPU synchronised once
 before and once after (`flashlab.launch.timing.wall_ms`: no L2 flush between calls, as in a training

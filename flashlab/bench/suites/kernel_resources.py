@@ -1,6 +1,6 @@
 """kernel-resources: registers per thread, register spills and shared memory of every compiled
 flashlab kernel, for every autotuning candidate, forward and backward, and which candidate the
-autotuner chose (notebook 07, "what limits each miss": spills, or a shared-memory footprint that
+autotuner chose (docs/results.md, "what limits the misses": spills, or a shared-memory footprint that
 caps occupancy at one block per SM, are the first suspects when a kernel trails cuDNN)."""
 
 from __future__ import annotations
