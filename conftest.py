@@ -4,10 +4,11 @@
   ``FLASHLAB_IMPL``, chooses where the exercise tests import from.
 - A test that hits ``NotImplementedError`` in your exercise is reported as "not
   started" (skipped), not as a crash.
-- Every run that includes exercise tests ends with one progress line per exercise and a
-  total. An exercise whose tests this run did not include says "not run", and one whose
-  tests were only partly run (``-k``, ``::test_name``, ``-x`` stopping early) says so:
-  ``make progress`` runs every exercise's tests and prints the whole table.
+- Every run that includes exercise tests ends with a progress table. A run of every exercise's
+  tests (``make progress``) prints one line per exercise and a total; a run of some of them
+  (``make test-ex``) prints a line for each exercise it ran, then one line counting the others
+  by their state after their last whole run (kept in pytest's cache). An exercise whose tests
+  were only partly run (``-k``, ``::test_name``, ``-x`` stopping early) says so.
 - Under pytest-xdist (``make test`` runs ``-n auto``): a notebook's cells go to one worker, in order; the table
   is built in the controller from the workers' reports; each worker takes its share of the cores.
 """
@@ -293,29 +294,51 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     # table of one exercise (make test-ex) still says where the others stood
     cache = getattr(config, "cache", None)                    # None under -p no:cacheprovider
     history = cache.get(f"flashlab/exercise_states/{impl}", {}) if cache is not None else {}
+    states = {name: exercise_state(_collected.get(name, []), _outcome) for name in names}
+    ran_here = [name for name in names if states[name] != "not run"]
+    whole = len(ran_here) == len(names)             # else: rows for the exercises run, one line for the rest
     counts: Counter = Counter()
     partial = 0
-    for name in names:
+    for name in names if whole else ran_here:
         ids = _collected.get(name, [])
-        state = exercise_state(ids, _outcome)
+        state = states[name]
         counts[state] += 1
         note = ""
         ran = sum(t in _outcome for t in ids)
-        if state != "not run" and (_deselected[name] or name in _named_tests or ran < len(ids)):
+        if _deselected[name] or name in _named_tests or ran < len(ids):
             partial += 1
             note = f"  (partial run: only {ran} of its tests ran)"
-        elif state == "not run" and name in history:
-            note = f"  (last whole run: {history[name]})"
-        elif state != "not run":
+        else:
             history[name] = state
         tr.write_line(f"  {name:<32} {state}{note}")
     if cache is not None:
         cache.set(f"flashlab/exercise_states/{impl}", history)
+    if not whole:
+        tr.write_line(_others_line([name for name in names if name not in ran_here], history, bool(ran_here)))
+        return
     line = (f"exercises: {counts['passed']} passed, {counts['failed']} failed, "
             f"{counts['not started']} not started")
-    for extra in ("in progress", "skipped", "not run"):
+    for extra in ("in progress", "skipped"):
         if counts[extra]:
             line += f", {counts[extra]} {extra}"
     tr.write_line(line)
-    if counts["not run"] or partial:
+    if partial:
         tr.write_line(f"(this run did not include every exercise's tests: `{WHOLE_TABLE_COMMAND}` runs them all)")
+
+
+def _others_line(others: list[str], history: dict[str, str], after_rows: bool) -> str:
+    """One line for the exercises a run left out, counted by their state after their last whole run, e.g.
+    "other exercises (last whole run): 3 passed, 12 not started — `make progress` for the whole table"."""
+    remembered = Counter(history[name] for name in others if name in history)
+    unknown = len(others) - sum(remembered.values())
+    label = "other exercises" if after_rows else "exercises"
+    order = ["passed", "failed", "in progress", "not started", "skipped"]
+    parts = [f"{remembered[state]} {state}" for state in order + sorted(set(remembered) - set(order))
+             if remembered[state]]
+    if parts:
+        label += " (last whole run)"
+        if unknown:
+            parts.append(f"{unknown} not run yet")
+    else:
+        parts.append(f"{unknown} not run (no whole run recorded)")
+    return f"{label}: {', '.join(parts)} — `{WHOLE_TABLE_COMMAND}` for the whole table"

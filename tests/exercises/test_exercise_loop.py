@@ -52,17 +52,19 @@ def test_an_exercise_with_a_syntax_error_is_one_line_per_test(tmp_path):
 
 
 def _progress_table(stdout: str) -> list[str]:
+    """The table's lines: a row per exercise, then the total (a whole run) or the line for the others."""
     assert "exercise progress" in stdout, f"no progress table:\n{stdout[-3000:]}"
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "exercise progress" in line)
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith("exercises:"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(("exercises", "other exercises")))
     return lines[start + 1:end + 1]
 
 
 def test_the_progress_table_is_the_same_on_one_process_and_on_xdist_workers(tmp_path):
     """The table at the end of a run says passed / failed / in progress / not started per exercise. make test
     runs on pytest-xdist workers, where the tests run in other processes than the one printing the table: the
-    table must come out the same there (it once said "not run" for every exercise)."""
+    table must come out the same there (it once said "not run" for every exercise), for a whole run and for a
+    run of one exercise."""
     import pytest
     pytest.importorskip("xdist")
     _learner_checkout(tmp_path, "tests/exercises/test_ex01_naive_attention.py",
@@ -74,40 +76,51 @@ def test_the_progress_table_is_the_same_on_one_process_and_on_xdist_workers(tmp_
         "\n\ndef causal_mask(n_queries, n_keys):\n    return torch.ones(n_queries, n_keys, dtype=torch.bool)\n"))
     (exercises / "ex03_online_softmax.py").write_text((ROOT / "solutions/ex03_online_softmax.py").read_text() + (
         "\n\ndef merge(*args, **kwargs):\n    raise NotImplementedError\n"))
-    tables = {}
+    tables, tables_of_one = {}, {}
     for workers in ([], ["-n", "2"]):
         done = _pytest(tmp_path, "--tb=no", *workers, "tests")
         assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
         tables[len(workers)] = _progress_table(done.stdout)
+        one = _pytest(tmp_path, "--tb=no", *workers, "tests/exercises/test_ex01_naive_attention.py")
+        assert one.returncode == 1, one.stdout[-3000:] + one.stderr[-2000:]
+        tables_of_one[len(workers)] = _progress_table(one.stdout)
     serial = tables[0]
     assert [line.split() for line in serial] == [
         ["ex01_naive_attention", "failed"], ["ex02_fused_softmax", "not", "started"],
         ["ex03_online_softmax", "in", "progress"],
         ["exercises:", "0", "passed,", "1", "failed,", "1", "not", "started,", "1", "in", "progress"]], serial
     assert tables[2] == serial, (serial, tables[2])
+    assert [" ".join(line.split()) for line in tables_of_one[0]] == [      # no cache here: nothing recorded
+        "ex01_naive_attention failed",
+        "other exercises: 2 not run (no whole run recorded) — `make progress` for the whole table"], tables_of_one[0]
+    assert tables_of_one[2] == tables_of_one[0], (tables_of_one[0], tables_of_one[2])
 
 
 def test_a_table_of_one_exercise_says_where_the_others_stood(tmp_path):
     """A learner's trial: after a whole run, `make test-ex EX=02` printed every other exercise as "not run",
     as if the work on them were gone. Each exercise's state after its last whole run is kept in pytest's
-    cache, and a run that leaves it out says so beside "not run"; a partial run does not overwrite it. The runs
-    take the project's pytest options: a learner found the note missing because they disabled the cache."""
+    cache; a partial run does not overwrite it. A second trial: a row per exercise, all but one "not run", was
+    noise; a run of some exercises prints their rows, then one line counting the others by that state (a whole
+    run prints the whole table). The runs take the project's pytest options: a learner found the note missing
+    because they disabled the cache."""
     _learner_checkout(tmp_path, "tests/exercises/test_ex01_naive_attention.py",
                       "tests/exercises/test_ex02_fused_softmax.py",
                       "tests/exercises/padded_launch.py", "exercises/ex02_fused_softmax.py")
     shutil.copy(ROOT / "solutions/ex01_naive_attention.py", tmp_path / "exercises/ex01_naive_attention.py")
     quick = ("--tb=no", "-p", "no:xdist")
     whole = _pytest(tmp_path, *quick, "tests", cache=True)                 # ex01 passes, ex02 is the stub
-    assert [line.split()[:2] for line in _progress_table(whole.stdout)[:2]] == [
-        ["ex01_naive_attention", "passed"], ["ex02_fused_softmax", "not"]], whole.stdout[-3000:]
+    assert [" ".join(line.split()) for line in _progress_table(whole.stdout)] == [
+        "ex01_naive_attention passed", "ex02_fused_softmax not started",
+        "exercises: 1 passed, 0 failed, 1 not started"], whole.stdout[-3000:]
     (tmp_path / "exercises/ex01_naive_attention.py").write_text("")       # every ex01 test fails now
     part = _pytest(tmp_path, *quick, "tests/exercises/test_ex01_naive_attention.py", "-k", "causal", cache=True)
-    assert " ".join(_progress_table(part.stdout)[0].split()).startswith(
-        "ex01_naive_attention failed (partial run: only"), part.stdout[-3000:]
+    table = [" ".join(line.split()) for line in _progress_table(part.stdout)]
+    assert len(table) == 2 and table[0].startswith("ex01_naive_attention failed (partial run: only"), table
+    assert table[1] == ("other exercises (last whole run): 1 not started — `make progress` for the whole table"), table
     one = _pytest(tmp_path, *quick, "tests/exercises/test_ex02_fused_softmax.py", cache=True)
     table = [" ".join(line.split()) for line in _progress_table(one.stdout)]
-    assert table[:2] == ["ex01_naive_attention not run (last whole run: passed)",   # not the partial run's
-                         "ex02_fused_softmax not started"], table
+    assert table == ["ex02_fused_softmax not started",                  # ex01: the whole run's, not the partial's
+                     "other exercises (last whole run): 1 passed — `make progress` for the whole table"], table
 
 
 def test_a_kernel_still_pass_under_a_written_launcher_is_not_started(tmp_path):
