@@ -41,14 +41,17 @@ _held: dict[str, list] = {}
 def _holder(lock: Path) -> str:
     """Who holds ``lock``, as its holder wrote it ("process 1234 on host"). The holder writes it
     just after taking the lock, so for a moment the file is empty or still names the run before
-    (a process of this host that has ended): such a text is read again."""
+    (a process of this host that has ended): such a text is read again for a moment, then said
+    as it is, with "since ended"."""
+    last = ""
     for _ in range(40):
         with contextlib.suppress(OSError):
-            text = lock.read_text().strip()
-            if text and not _ended_here(text):
-                return text
+            last = lock.read_text().strip() or last
+            if last and not _ended_here(last):
+                return last
         time.sleep(0.05)
-    return "a process that has not said its PID yet"
+    # a run that held it for a moment (and was refused itself) may have ended since
+    return f"{last}, since ended" if last else "a process that has not said its PID yet"
 
 
 def _ended_here(holder: str) -> bool:
