@@ -23,6 +23,7 @@ from flashlab.launch.runtime import kernel_for
 from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import without_backward
+from flashlab.reference.naive import soft_cap
 
 from .attention import _autocast_inputs, _autocasting
 
@@ -484,9 +485,7 @@ def decode_by_sequence(q, k_cache, v_cache, cache_seqlens, block_table, scale, c
         k = k.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)       # (heads, n, D)
         v = v.to(dtype).repeat_interleave(group, dim=1).transpose(0, 1)
         qb = q[b].to(dtype).transpose(0, 1)                                   # (heads, seqlen_q, D)
-        scores = qb @ k.transpose(-1, -2) * scale
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
+        scores = soft_cap(qb @ k.transpose(-1, -2) * scale, softcap)
         position = n - seqlen_q + torch.arange(seqlen_q, device=q.device)
         left, right = band(causal, window, seqlen_q, capacity)
         rel = torch.arange(n, device=q.device)[None, :] - position[:, None]          # key − query position

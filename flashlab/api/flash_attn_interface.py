@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from flashlab.reference.checks import default_scale
-from flashlab.reference.naive import window_keep_mask
+from flashlab.reference.naive import soft_cap, window_keep_mask
 
 from .attention import attention, attention_qkvpacked
 
@@ -69,8 +69,7 @@ def _lse_in_pytorch(q, k, scale, window, softcap) -> torch.Tensor:
         qf, kf = q.float().transpose(1, 2), k.float().transpose(1, 2)
         kf = kf.repeat_interleave(qf.shape[1] // kf.shape[1], dim=1)
         scores = qf @ kf.transpose(-1, -2) * default_scale(q.shape[-1], scale)
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
+        scores = soft_cap(scores, softcap)
         keep = window_keep_mask(q.shape[1], k.shape[1], False, window, q.device)
         if keep is not None:
             scores = scores.masked_fill(~keep, float("-inf"))

@@ -43,7 +43,7 @@ from flashlab.launch.interpreter_notice import count_interpreted, interpreter_ti
 from flashlab.launch.layouts import output_like, unpack_qkv
 from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.first_order import first_order_only
-from flashlab.reference.naive import window_band
+from flashlab.reference.naive import soft_cap, window_band
 
 
 def draw_seed() -> Tensor:
@@ -174,8 +174,7 @@ def _mask_gradient(q, k, v, out, lse, grad_out, attn_mask, spec: AttentionSpec, 
     bias = attn_mask.float()
     bias = torch.where(bias == float("-inf"), bias, bias.clamp(-2.35e38, 2.35e38) * LOG2E)   # as tile.apply_mask
     logits = (q.float() @ k.transpose(-1, -2)) * spec.scale
-    if spec.softcap > 0:
-        logits = spec.softcap * torch.tanh(logits / spec.softcap)
+    logits = soft_cap(logits, spec.softcap)
     scores = logits * LOG2E + bias
     keep = window_keep_mask(n_q, n_k, spec.is_causal, spec.window, q.device)
     if keep is not None:

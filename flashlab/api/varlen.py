@@ -22,6 +22,7 @@ from flashlab.launch.runtime import input_precision
 from flashlab.launch.spec import AttentionSpec
 from flashlab.reference.checks import check_softcap, check_window, default_scale, finite_number, without_neg_views
 from flashlab.reference.first_order import first_order_only
+from flashlab.reference.naive import soft_cap
 
 from .attention import _autocast_inputs, _autocasting
 from .decode import band, launch
@@ -283,7 +284,7 @@ def _backward_by_sequence(q, k, v, grad_out, cu_q, cu_k, spec: AttentionSpec):
         rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
         keep = (rel >= -left) & (rel <= right)
         raw = qb @ kb.transpose(-1, -2) * spec.scale
-        scores = spec.softcap * torch.tanh(raw / spec.softcap) if spec.softcap else raw
+        scores = soft_cap(raw, spec.softcap)
         p = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)   # empty rows: 0
         dp = gb @ vb.transpose(-1, -2)
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))
@@ -457,9 +458,7 @@ def varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, wi
         n_q, n_k = qb.shape[1], kb.shape[1]
         rel = torch.arange(n_k, device=q.device)[None, :] - torch.arange(n_q, device=q.device)[:, None] - (n_k - n_q)
         keep = (rel >= -left) & (rel <= right)
-        scores = qb @ kb.transpose(-1, -2) * scale
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
+        scores = soft_cap(qb @ kb.transpose(-1, -2) * scale, softcap)
         scores = scores.masked_fill(~keep, float("-inf"))
         weights = torch.softmax(scores, -1).masked_fill(~keep, 0.0)                # empty rows: 0, not NaN
         outs.append((weights @ vb).transpose(0, 1))

@@ -69,14 +69,6 @@ def enabled() -> bool:
     return switches.small_path()
 
 
-def general_kernels():
-    """A ``with`` block in which every shape runs the dense (tiled) kernels, none this path
-    (``FLASHLAB_SMALL_PATH=0`` inside, restored after), for comparing the two paths on one call.
-    To call the tiled kernels themselves, as notebooks 05 and 06 do, use
-    `flashlab.lessons.tiled_kernels.tiled_kernel_attention`."""
-    return switches.switched("FLASHLAB_SMALL_PATH", "0")
-
-
 def fits(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> bool:
     """Both lengths within `max_keys`: the shape alone, whatever the switches say."""
     limit = max_keys(head_dim, dtype)

@@ -1,8 +1,7 @@
 """Every environment switch flashlab reads, in one place.
 
 Each is read on every call (a test, a notebook or a benchmark can set one and see it take
-effect at once). The package sets none, except inside a ``with switched(...)`` block that its
-caller opens (`flashlab.launch.small.general_kernels` is one).
+effect at once), and none is ever set by the package.
 
 | variable | default | effect |
 |---|---|---|
@@ -21,7 +20,6 @@ caller opens (`flashlab.launch.small.general_kernels` is one).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -76,20 +74,3 @@ def results_dir(default: Path) -> Path:
 def interpreting_everything() -> bool:
     """True if ``TRITON_INTERPRET`` is set: Triton then interprets every kernel it defines."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@contextlib.contextmanager
-def switched(name: str, value: str):
-    """``name=value`` in the environment inside the ``with`` block, as before after it (an
-    exception included). Every switch is read per call, so the block takes effect at once."""
-    if not name.startswith(("FLASHLAB_", "TRITON_")):
-        raise ValueError(f"switched: {name!r} is not one of the switches listed in flashlab.launch.switches")
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before

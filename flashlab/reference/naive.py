@@ -100,6 +100,13 @@ def naive_attention(
                                      dropout_keep=dropout_keep, window=window, softcap=softcap)
 
 
+def soft_cap(scores: torch.Tensor, softcap) -> torch.Tensor:
+    """S ← cap·tanh(S / cap), Gemma 2's soft-capping of the logits, applied before any mask; S itself
+    where ``softcap`` is None or 0. The PyTorch paths take it from here; the kernels from
+    `flashlab.kernels.tile.soft_cap`."""
+    return softcap * torch.tanh(scores / softcap) if softcap else scores
+
+
 def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=None, *, dropout_p=0.0,
                               dropout_keep=None, window=None, softcap=0.0):
     """`naive_attention` for callers that validated the inputs already (`flashlab.attention`).
@@ -113,8 +120,7 @@ def naive_attention_unchecked(q, k, v, attn_mask=None, is_causal=False, scale=No
 
     # S = (Q·scale) Kᵀ. Scaling Q (N×D) instead of S (N×N) saves a whole N×N tensor.
     scores = torch.einsum("...id,...jd->...ij", q * scale, k)
-    if softcap:                                                  # S ← cap·tanh(S / cap), before the mask
-        scores = softcap * torch.tanh(scores / softcap)
+    scores = soft_cap(scores, softcap)                           # S ← cap·tanh(S / cap), before the mask
 
     keep = window_keep_mask(n_queries, n_keys, is_causal, window, q.device)   # causal and/or the window
     if keep is not None:

@@ -5,7 +5,6 @@ On a CPU the kernels run in Triton's interpreter (fp32; fp16 computed in fp32 th
 same tests run compiled on a GPU, where bf16 is checked too."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -270,18 +269,6 @@ def test_switched_off_by_the_environment(monkeypatch, paths):
     assert not flash_small.applies(20, 20, 16, torch.bfloat16)
     _check(2, 2, 2, 20, 20, 16, False)
     assert paths == {"forward": 0, "backward": 0}
-
-
-def test_general_kernels_is_off_inside_the_block_and_restored_after(monkeypatch):
-    monkeypatch.setenv("FLASHLAB_SMALL_PATH", "1")
-    with pytest.raises(RuntimeError), flash_small.general_kernels():
-        assert not flash_small.applies(20, 20, 16, torch.bfloat16)
-        raise RuntimeError("leaves the block")
-    assert flash_small.applies(20, 20, 16, torch.bfloat16)
-    monkeypatch.delenv("FLASHLAB_SMALL_PATH")
-    with flash_small.general_kernels():
-        assert not flash_small.enabled()
-    assert "FLASHLAB_SMALL_PATH" not in os.environ
 
 
 def test_the_limits_per_head_dim_and_dtype(monkeypatch):
